@@ -1,0 +1,70 @@
+#include "h2/actors/chip_actor.hpp"
+
+#include "h2/actors/atoms.hpp"
+#include "h2/actors/errors.hpp"
+
+namespace h2::actors {
+
+namespace {
+
+struct chip_state {
+  worker_setup setup;
+  std::unique_ptr<stage_worker> worker;
+
+  void close_channels() noexcept {
+    if (setup.prev)
+      setup.prev->close();
+    if (setup.next)
+      setup.next->close();
+  }
+
+  /// Runs `f` on the worker; exceptions become H2 caf::errors.
+  template <class F>
+  auto with_worker(F f) -> caf::result<decltype(f(*worker))> {
+    if (!worker)
+      return make_error(errc::internal, "chip " + setup.chip->id.to_string() +
+                                          " was not set up");
+    try {
+      return f(*worker);
+    } catch (...) {
+      return current_exception_error();
+    }
+  }
+};
+
+} // namespace
+
+caf::behavior chip_actor(caf::event_based_actor* self, worker_setup setup) {
+  auto state = std::make_shared<chip_state>();
+  state->setup = std::move(setup);
+  self->attach_functor([state] {
+    // The actor is gone: free the stage and wake neighbours still waiting.
+    state->close_channels();
+    state->worker.reset();
+  });
+  return {
+    [state](setup_atom) -> caf::result<setup_report> {
+      try {
+        state->worker = std::make_unique<stage_worker>(state->setup);
+        return state->worker->ready_report();
+      } catch (...) {
+        state->close_channels();
+        return current_exception_error();
+      }
+    },
+    [state](step_atom, const step_command& cmd) {
+      return state->with_worker(
+        [&](stage_worker& w) { return w.run_step(cmd); });
+    },
+    [state](update_atom, const update_command& cmd) {
+      return state->with_worker(
+        [&](stage_worker& w) { return w.apply_update(cmd); });
+    },
+    [state](eval_atom, const eval_command& cmd) {
+      return state->with_worker(
+        [&](stage_worker& w) { return w.run_eval(cmd); });
+    },
+  };
+}
+
+} // namespace h2::actors

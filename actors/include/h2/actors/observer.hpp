@@ -1,0 +1,51 @@
+// How a run reports to whoever started it (progress lines, JSON logs,
+// metrics, traces): callbacks on the scheduler actor's thread, between
+// steps. Keep them short; they delay the next step.
+#pragma once
+
+#include "h2/actors/messages.hpp"
+#include "h2/actors/step_summary.hpp"
+#include "h2/core/plan.hpp"
+
+#include <optional>
+#include <vector>
+
+namespace h2::actors {
+
+/// The end of a run.
+struct run_summary {
+  int steps = 0;             ///< steps completed
+  bool stopped_early = false; ///< a stop request ended it before its last step
+  double final_loss = 0;
+  double final_val_loss = -1; ///< < 0: no validation ran
+  double mean_step_seconds = 0; ///< run clock, steps after the first
+  double tokens_per_second = 0; ///< over the same steps
+  double mean_bubble_fraction = 0;
+  double virtual_seconds = 0; ///< virtual time of the whole run
+  double wall_seconds = 0;    ///< wall time of the whole run
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, run_summary& x) {
+  return f(caf::meta::type_name("run_summary"), x.steps, x.stopped_early,
+           x.final_loss, x.final_val_loss, x.mean_step_seconds,
+           x.tokens_per_second, x.mean_bubble_fraction, x.virtual_seconds,
+           x.wall_seconds);
+}
+
+class training_observer {
+public:
+  virtual ~training_observer() = default;
+
+  /// Every chip has built its stage.
+  virtual void on_setup(const plan& p, const std::vector<setup_report>& chips) {
+  }
+
+  /// A step finished.
+  virtual void on_step(const step_summary& s) {}
+
+  /// A validation pass after step `step` (0-based) finished.
+  virtual void on_eval(int step, double val_loss) {}
+};
+
+} // namespace h2::actors

@@ -1,0 +1,36 @@
+// The scheduler actor: starts steps on every chip, collects their timings,
+// memory and losses, reduces the global gradient norm between the backward
+// and the optimizer phase, runs validation, and reports to the observer.
+// Event-based: it never blocks; the chips do the work.
+#pragma once
+
+#include "h2/actors/observer.hpp"
+#include "h2/core/job.hpp"
+#include "h2/core/plan.hpp"
+
+#include <caf/actor.hpp>
+#include <caf/actor_system.hpp>
+
+#include <atomic>
+#include <memory>
+#include <vector>
+
+namespace h2::actors {
+
+/// What the scheduler actor drives.
+struct run_context {
+  std::shared_ptr<const job_config> job;
+  plan the_plan;
+  std::vector<caf::actor> chips; ///< every chip actor of the plan
+  training_observer* observer = nullptr; ///< outlives the run
+  /// Set (to 1) to stop at the next step boundary.
+  std::shared_ptr<std::atomic<int>> stop;
+};
+
+/// Spawns the scheduler actor. It answers (train_atom, int steps) with a
+/// run_summary, or with the root cause of a failure as an H2 caf::error,
+/// after setting up every chip.
+caf::actor spawn_scheduler(caf::actor_system& system,
+                           std::shared_ptr<run_context> ctx);
+
+} // namespace h2::actors

@@ -1,0 +1,92 @@
+// What a chip actor does, without the actor: runs its stage's op list for a
+// step on its device, exchanging activations and gradients with its
+// neighbours over channels, then applies the optimizer update. Everything
+// runs on the calling thread (the chip actor's own), blocking; a chip runs
+// its whole op list itself, not one actor message per op (DESIGN.md).
+#pragma once
+
+#include "h2/actors/messages.hpp"
+#include "h2/core/job.hpp"
+#include "h2/core/plan.hpp"
+#include "h2/devices/device_context.hpp"
+#include "h2/model/data.hpp"
+#include "h2/model/stage.hpp"
+#include "h2/scheduler/schedule.hpp"
+#include "h2/transport/channel.hpp"
+
+#include <memory>
+#include <optional>
+
+namespace h2::actors {
+
+/// Everything a chip needs to run its part of the plan.
+struct worker_setup {
+  std::shared_ptr<const job_config> job;
+  const chip_spec* chip = nullptr; ///< points into *job
+  int replica = 0;
+  int stage = 0;  ///< index in the replica's pipeline
+  int stages = 1; ///< pipeline depth
+  stage_plan assignment;
+  int micro_batch_size = 1;
+  int micro_batches = 1;
+  /// Index of this replica's first sequence within the global batch.
+  int first_sequence = 0;
+  schedule_kind schedule = schedule_kind::one_f_one_b;
+  /// Channels to the previous and next stage (null at the pipeline's ends),
+  /// the chips behind them and their profiles (for link times).
+  std::shared_ptr<transport::channel> prev, next;
+  chip_id prev_chip, next_chip;
+  chip_profile prev_profile, next_profile;
+  /// Wall time that counts as 0 on every chip's clock.
+  devices::chip_clock::wall_clock::time_point origin;
+};
+
+class stage_worker {
+public:
+  /// Creates the device context and builds the stage on it, on the calling
+  /// thread. Throws device_error (unavailable, out_of_memory).
+  explicit stage_worker(worker_setup setup);
+  ~stage_worker();
+
+  /// Runs the forward/backward op list of `cmd.step`. On any failure closes
+  /// both channels (so neighbours fail fast instead of waiting) and throws.
+  chip_step_report run_step(const step_command& cmd);
+
+  /// Clips and applies AdamW to every layer of the stage.
+  chip_update_report apply_update(const update_command& cmd);
+
+  /// The forward-only validation pass.
+  chip_eval_report run_eval(const eval_command& cmd);
+
+  setup_report ready_report() const;
+
+  /// Closes both channels: waiting neighbours fail with peer_closed, this
+  /// worker's own waits with cancelled. Thread-safe.
+  void close_channels() noexcept;
+
+  devices::device_context& device() noexcept { return *device_; }
+  model::stage& stage() noexcept { return *stage_; }
+  const worker_setup& setup() const noexcept { return setup_; }
+
+private:
+  struct op_context;
+  memory_report memory_now() const;
+  clock_pair clocks() const;
+  double layer_seconds(devices::pass p) const;
+  at::Tensor receive(transport::channel& ch, const chip_profile& peer,
+                     std::uint64_t tag, op_context& ctx, int micro_batch);
+  void send(transport::channel& ch, std::uint64_t tag, const at::Tensor& t);
+  template <class F>
+  auto guarded(F&& f) -> decltype(f());
+
+  worker_setup setup_;
+  std::unique_ptr<devices::device_context> device_;
+  std::unique_ptr<model::stage> stage_;
+  std::unique_ptr<model::data_source> data_;
+  scheduler::schedule schedule_;
+  std::vector<layer_work> work_; ///< of each layer, for one micro-batch
+  std::chrono::duration<double> timeout_;
+  double loss_scale_ = 1; ///< 1 / tokens of the global batch
+};
+
+} // namespace h2::actors

@@ -1,0 +1,365 @@
+#include "h2/actors/stage_worker.hpp"
+
+#include "h2/model/optim.hpp"
+#include "h2/transport/tags.hpp"
+
+#include <ATen/core/grad_mode.h>
+#include <c10/util/Exception.h>
+
+namespace h2::actors {
+
+using scheduler::op_kind;
+using transport::make_tag;
+using transport::tag_kind;
+
+/// The state of one step's op list: what each micro-batch holds between
+/// its ops, and what the step has measured so far.
+struct stage_worker::op_context {
+  explicit op_context(int micro_batches)
+    : input(micro_batches), output(micro_batches), grad(micro_batches),
+      input_grad(micro_batches), batch(micro_batches) {}
+
+  std::vector<at::Tensor> input;      ///< received activations (leaves)
+  std::vector<at::Tensor> output;     ///< stage outputs kept for backward
+  std::vector<at::Tensor> grad;       ///< received output gradients
+  std::vector<at::Tensor> input_grad; ///< gradients to send back
+  std::vector<model::micro_batch> batch;
+  double idle_seconds = 0;
+  std::vector<op_record> ops;
+};
+
+stage_worker::stage_worker(worker_setup setup) : setup_(std::move(setup)) {
+  const job_config& job = *setup_.job;
+  H2_ENFORCE(setup_.chip != nullptr, "worker without a chip");
+  device_ = devices::make_device(*setup_.chip, job.emulation, setup_.origin,
+                                 job.train.threads_per_chip);
+  devices::thread_binding bind(*device_);
+  const auto& a = setup_.assignment;
+  stage_ = std::make_unique<model::stage>(job.model, a.first_layer,
+                                          a.end_layer, job.seed);
+  if (stage_->has_embedding() || stage_->has_head())
+    data_ = model::make_data_source(job);
+  schedule_ = scheduler::make_schedule(setup_.schedule, setup_.stages,
+                                       setup_.micro_batches);
+  for (int l = a.first_layer; l < a.end_layer; ++l)
+    work_.push_back(compute_layer_work(job.model, l, setup_.micro_batch_size,
+                                       device_->compute_dtype()));
+  timeout_ = std::chrono::duration<double>(job.transport.timeout_seconds);
+  loss_scale_ = 1.0 / static_cast<double>(job.tokens_per_step());
+}
+
+stage_worker::~stage_worker() {
+  close_channels();
+}
+
+void stage_worker::close_channels() noexcept {
+  if (setup_.prev)
+    setup_.prev->close();
+  if (setup_.next)
+    setup_.next->close();
+}
+
+template <class F>
+auto stage_worker::guarded(F&& f) -> decltype(f()) {
+  try {
+    return f();
+  } catch (const device_error&) {
+    close_channels();
+    throw;
+  } catch (const h2::error&) {
+    close_channels();
+    throw;
+  } catch (const c10::Error& e) {
+    close_channels();
+    // An out-of-memory raised inside an op may reach us wrapped by libtorch.
+    if (auto oom = device_->memory().last_failure(); !oom.empty())
+      throw device_error(device_errc::out_of_memory, oom);
+    std::string what = e.what_without_backtrace();
+    throw h2::error("chip " + device_->describe() + ": libtorch: " +
+                    what.substr(0, what.find('\n')));
+  } catch (...) {
+    close_channels();
+    throw;
+  }
+}
+
+memory_report stage_worker::memory_now() const {
+  const auto& m = device_->memory();
+  return {m.used_bytes(), m.peak_bytes(), m.capacity_bytes()};
+}
+
+clock_pair stage_worker::clocks() const {
+  const auto& c = device_->clock();
+  return {c.virtual_now(), c.wall_now()};
+}
+
+double stage_worker::layer_seconds(devices::pass p) const {
+  double total = 0;
+  for (const auto& w : work_) {
+    auto s = device_->layer_seconds(w, p);
+    if (!s)
+      return -1; // a real device: measure instead
+    total += *s;
+  }
+  return total;
+}
+
+at::Tensor stage_worker::receive(transport::channel& ch,
+                                 const chip_profile& peer, std::uint64_t tag,
+                                 op_context& ctx, int micro_batch) {
+  auto& clock = device_->clock();
+  double wait_start = clock.now();
+  transport::message m = ch.recv(tag, timeout_);
+  double link = device_->transfer_seconds(m.payload_bytes(), peer);
+  ctx.idle_seconds += clock.complete_receive(
+    wait_start, m.sent.virtual_seconds, m.sent.wall_seconds, link);
+  ctx.ops.push_back({static_cast<std::uint8_t>(transport::tag_kind_of(tag) ==
+                                                   tag_kind::gradient
+                                                 ? op_kind::recv_backward
+                                                 : op_kind::recv_forward),
+                     micro_batch, wait_start, clock.now()});
+  return device_->take(m.tensor);
+}
+
+void stage_worker::send(transport::channel& ch, std::uint64_t tag,
+                        const at::Tensor& t) {
+  const auto& clock = device_->clock();
+  transport::message m;
+  m.tag = tag;
+  m.sent = {clock.virtual_now(), clock.wall_now()};
+  m.tensor = t;
+  ch.send(std::move(m));
+}
+
+namespace {
+
+/// Traffic per neighbour so far.
+std::vector<channel_traffic> traffic_of(const worker_setup& s) {
+  std::vector<channel_traffic> out;
+  if (s.prev) {
+    auto st = s.prev->stats();
+    out.push_back({s.prev_chip, st.bytes_sent, st.bytes_received});
+  }
+  if (s.next) {
+    auto st = s.next->stats();
+    out.push_back({s.next_chip, st.bytes_sent, st.bytes_received});
+  }
+  return out;
+}
+
+std::optional<double> emulated(double seconds) {
+  return seconds < 0 ? std::nullopt : std::optional<double>(seconds);
+}
+
+} // namespace
+
+chip_step_report stage_worker::run_step(const step_command& cmd) {
+  return guarded([&] {
+    devices::thread_binding bind(*device_);
+    auto& clock = device_->clock();
+    clock.advance_virtual_to(cmd.virtual_barrier);
+    device_->memory().reset_peak();
+    stage_->zero_grad();
+    const bool recompute = setup_.assignment.recompute;
+    const bool first = setup_.stage == 0;
+    const int size = setup_.micro_batch_size;
+    chip_step_report r;
+    r.chip = device_->id();
+    r.replica = setup_.replica;
+    r.stage = setup_.stage;
+    r.first_layer = setup_.assignment.first_layer;
+    r.start = clocks();
+    auto traffic_before = traffic_of(setup_);
+    op_context ctx(setup_.micro_batches);
+    const double forward_emulated = layer_seconds(devices::pass::forward);
+    const double backward_emulated = layer_seconds(devices::pass::backward);
+
+    for (const auto& op : schedule_.ops[static_cast<std::size_t>(
+           setup_.stage)]) {
+      const int mb = op.micro_batch;
+      const auto i = static_cast<std::size_t>(mb);
+      switch (op.kind) {
+        case op_kind::recv_forward: {
+          auto t = receive(*setup_.prev, setup_.prev_profile,
+                           make_tag(tag_kind::activation, cmd.step, mb), ctx,
+                           mb);
+          t.set_requires_grad(true);
+          ctx.input[i] = t;
+          break;
+        }
+        case op_kind::forward: {
+          if (data_)
+            ctx.batch[i] = data_->batch(model::split::train, cmd.step,
+                                        setup_.first_sequence + mb * size,
+                                        size, loss_scale_);
+          double w0 = clock.wall_now(), t0 = clock.now();
+          at::Tensor out;
+          {
+            devices::compute_scope scope(*device_);
+            std::optional<at::NoGradGuard> no_grad;
+            if (recompute)
+              no_grad.emplace();
+            out = stage_->forward(ctx.input[i], ctx.batch[i]);
+          }
+          device_->synchronize();
+          r.forward_seconds += device_->complete_op(w0,
+                                                    emulated(forward_emulated));
+          ctx.ops.push_back({static_cast<std::uint8_t>(op_kind::forward), mb,
+                             t0, clock.now()});
+          if (stage_->has_head())
+            r.loss += out.item<double>();
+          ctx.output[i] = out;
+          break;
+        }
+        case op_kind::send_forward:
+          send(*setup_.next, make_tag(tag_kind::activation, cmd.step, mb),
+               ctx.output[i].detach());
+          if (recompute)
+            ctx.output[i] = at::Tensor(); // recomputed in the backward
+          break;
+        case op_kind::recv_backward:
+          ctx.grad[i] = receive(*setup_.next, setup_.next_profile,
+                                make_tag(tag_kind::gradient, cmd.step, mb),
+                                ctx, mb);
+          break;
+        case op_kind::backward: {
+          double w0 = clock.wall_now(), t0 = clock.now();
+          at::Tensor out = std::move(ctx.output[i]);
+          if (recompute) {
+            devices::compute_scope scope(*device_);
+            out = stage_->forward(ctx.input[i], ctx.batch[i]);
+          }
+          if (stage_->has_head())
+            out.backward();
+          else
+            out.backward(ctx.grad[i]);
+          out = at::Tensor();
+          ctx.grad[i] = at::Tensor();
+          ctx.batch[i] = model::micro_batch();
+          if (!first)
+            ctx.input_grad[i] = ctx.input[i].grad();
+          ctx.input[i] = at::Tensor();
+          device_->synchronize();
+          double seconds = backward_emulated;
+          if (recompute && seconds >= 0)
+            seconds += forward_emulated;
+          r.backward_seconds += device_->complete_op(w0, emulated(seconds));
+          ctx.ops.push_back({static_cast<std::uint8_t>(op_kind::backward), mb,
+                             t0, clock.now()});
+          break;
+        }
+        case op_kind::send_backward:
+          send(*setup_.prev, make_tag(tag_kind::gradient, cmd.step, mb),
+               ctx.input_grad[i]);
+          ctx.input_grad[i] = at::Tensor();
+          break;
+      }
+    }
+    r.phase_end = clocks();
+    for (const auto& l : stage_->layers())
+      r.layer_squared_norms.push_back(model::squared_grad_norm(*l));
+    r.idle_seconds = ctx.idle_seconds;
+    r.memory = memory_now();
+    r.traffic = traffic_of(setup_);
+    for (std::size_t i = 0; i < r.traffic.size(); ++i) {
+      r.traffic[i].sent -= traffic_before[i].sent;
+      r.traffic[i].received -= traffic_before[i].received;
+    }
+    r.overruns = clock.overruns();
+    r.overrun_seconds = clock.overrun_seconds();
+    r.ops = std::move(ctx.ops);
+    return r;
+  });
+}
+
+chip_update_report stage_worker::apply_update(const update_command& cmd) {
+  return guarded([&] {
+    devices::thread_binding bind(*device_);
+    auto& clock = device_->clock();
+    clock.advance_virtual_to(cmd.virtual_barrier);
+    double w0 = clock.wall_now(), t0 = clock.now();
+    std::optional<double> emulated_seconds = 0.0;
+    for (const auto& l : stage_->layers()) {
+      model::adamw_update(*l, setup_.job->train, cmd.lr, cmd.step + 1,
+                          cmd.clip_coefficient);
+      auto s = device_->optimizer_seconds(l->parameter_count());
+      emulated_seconds = s && emulated_seconds
+                           ? std::optional<double>(*emulated_seconds + *s)
+                           : std::nullopt;
+    }
+    device_->synchronize();
+    chip_update_report r;
+    r.chip = device_->id();
+    r.optimizer_seconds = device_->complete_op(w0, emulated_seconds);
+    r.end = clocks();
+    r.memory = memory_now();
+    r.op = {static_cast<std::uint8_t>(extra_op::optimizer), 0, t0,
+            clock.now()};
+    return r;
+  });
+}
+
+chip_eval_report stage_worker::run_eval(const eval_command& cmd) {
+  return guarded([&] {
+    devices::thread_binding bind(*device_);
+    auto& clock = device_->clock();
+    clock.advance_virtual_to(cmd.virtual_barrier);
+    const job_config& job = *setup_.job;
+    const int m = setup_.micro_batches;
+    const int size = setup_.micro_batch_size;
+    const int total = m * job.train.eval_batches;
+    const double scale = loss_scale_ / job.train.eval_batches;
+    auto ops = scheduler::make_forward_schedule(setup_.stages, total)
+                 .ops[static_cast<std::size_t>(setup_.stage)];
+    op_context ctx(total);
+    at::NoGradGuard no_grad;
+    chip_eval_report r;
+    r.chip = device_->id();
+    const double forward_emulated = layer_seconds(devices::pass::forward);
+    for (const auto& op : ops) {
+      const int mb = op.micro_batch;
+      const auto i = static_cast<std::size_t>(mb);
+      const auto tag = make_tag(tag_kind::eval_activation, cmd.step, mb);
+      switch (op.kind) {
+        case op_kind::recv_forward:
+          ctx.input[i] = receive(*setup_.prev, setup_.prev_profile, tag, ctx,
+                                 mb);
+          break;
+        case op_kind::forward: {
+          model::micro_batch batch;
+          if (data_)
+            batch = data_->batch(model::split::validation, mb / m,
+                                 setup_.first_sequence + (mb % m) * size, size,
+                                 scale);
+          double w0 = clock.wall_now();
+          {
+            devices::compute_scope scope(*device_);
+            ctx.output[i] = stage_->forward(ctx.input[i], batch);
+          }
+          ctx.input[i] = at::Tensor();
+          device_->synchronize();
+          device_->complete_op(w0, emulated(forward_emulated));
+          if (stage_->has_head()) {
+            r.loss += ctx.output[i].item<double>();
+            ctx.output[i] = at::Tensor();
+          }
+          break;
+        }
+        case op_kind::send_forward:
+          send(*setup_.next, tag, ctx.output[i]);
+          ctx.output[i] = at::Tensor();
+          break;
+        default:
+          H2_ENFORCE(false, "backward op in a forward-only schedule");
+      }
+    }
+    r.end = clocks();
+    return r;
+  });
+}
+
+setup_report stage_worker::ready_report() const {
+  return {device_->id(), stage_->parameter_count(), memory_now()};
+}
+
+} // namespace h2::actors

@@ -1,0 +1,17 @@
+// Exit codes of every H2 binary (docs/cli.md).
+#pragma once
+
+namespace h2::apps {
+
+/// The run completed.
+constexpr int exit_ok = 0;
+/// Training failed: a chip ran out of memory, a peer died, a device is
+/// missing. The message names the chip and the cause.
+constexpr int exit_failed = 1;
+/// Bad input: job file, plan file or command line. Nothing was started.
+constexpr int exit_bad_input = 2;
+/// Stopped by a signal: 128 + the signal's number (130 for SIGINT, 143 for
+/// SIGTERM), after a clean stop at a step boundary or an abort.
+constexpr int exit_signal_base = 128;
+
+} // namespace h2::apps

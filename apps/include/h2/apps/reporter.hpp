@@ -1,0 +1,56 @@
+// Reports a run as users of a trainer expect: one progress line per step, a
+// summary at the end, optionally a JSON log (one object per line), a
+// Chrome/Perfetto trace of every chip's ops, and Prometheus metrics.
+#pragma once
+
+#include "h2/actors/observer.hpp"
+#include "h2/core/job.hpp"
+#include "h2/metrics/registry.hpp"
+#include "h2/metrics/trace.hpp"
+
+#include <cstdio>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <string>
+
+namespace h2::apps {
+
+struct reporter_options {
+  int total_steps = 0;
+  bool quiet = false;       ///< no progress lines (the summary still prints)
+  std::string json_log;     ///< "" for none
+  std::string trace;        ///< "" for none
+  std::FILE* out = stdout;  ///< where progress and the summary go
+};
+
+class reporter final : public actors::training_observer {
+public:
+  /// `registry` may be null (no metrics). Opens the JSON log; throws
+  /// h2::error naming the path when it cannot.
+  reporter(const job_config& job, reporter_options options,
+           metrics::registry* registry);
+
+  void on_setup(const plan& p,
+                const std::vector<actors::setup_report>& chips) override;
+  void on_step(const actors::step_summary& s) override;
+  void on_eval(int step, double val_loss) override;
+
+  /// Prints the summary and writes the trace (if asked for).
+  void finish(const actors::run_summary& summary);
+
+private:
+  /// Labels of a chip's metrics: chip, profile, vendor, node, stage.
+  metrics::label_set chip_labels(const chip_id& id, int stage) const;
+  void update_metrics(const actors::step_summary& s);
+  void trace_step(const actors::step_summary& s);
+
+  const job_config& job_;
+  reporter_options options_;
+  metrics::registry* registry_;
+  std::ofstream json_;
+  std::unique_ptr<metrics::trace_writer> trace_;
+  std::map<chip_id, int> stage_of_;
+};
+
+} // namespace h2::apps

@@ -1,0 +1,16 @@
+# One INTERFACE target carries the language level, warnings and sanitizer
+# options of H2's own code (CONVENTIONS.md rule 4).
+add_library(h2_flags INTERFACE)
+add_library(h2::flags ALIAS h2_flags)
+target_compile_features(h2_flags INTERFACE cxx_std_20)
+target_compile_options(h2_flags INTERFACE
+  $<$<COMPILE_LANGUAGE:CXX>:-Wall -Wextra -Werror -Wno-unused-parameter>)
+target_include_directories(h2_flags INTERFACE
+  ${CMAKE_BINARY_DIR}/generated)
+
+# Sanitize: ASan + UBSan on everything linked with h2_flags.
+set(_h2_san -fsanitize=address,undefined -fno-omit-frame-pointer
+            -fno-sanitize-recover=undefined)
+target_compile_options(h2_flags INTERFACE
+  $<$<CONFIG:Sanitize>:${_h2_san} -O1 -g>)
+target_link_options(h2_flags INTERFACE $<$<CONFIG:Sanitize>:${_h2_san}>)

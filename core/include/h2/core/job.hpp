@@ -1,0 +1,161 @@
+// The job file: what to train, on which chips, how. Parsed from TOML and
+// validated here; every error names the key path (docs/job-file.md).
+#pragma once
+
+#include "h2/core/catalog.hpp"
+#include "h2/core/chip_id.hpp"
+#include "h2/core/model_config.hpp"
+#include "h2/core/profile.hpp"
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace h2 {
+
+/// How an emulated chip keeps time (DESIGN.md, "Emulated chips").
+enum class clock_mode {
+  virtual_clock, ///< ops advance a per-chip clock without sleeping
+  wall,          ///< chips wait out the emulated time for real
+};
+
+/// The pipeline schedule.
+enum class schedule_kind { gpipe, one_f_one_b };
+
+/// "virtual"/"wall", "gpipe"/"1f1b".
+std::string_view to_string(clock_mode m) noexcept;
+std::string_view to_string(schedule_kind k) noexcept;
+std::optional<schedule_kind> parse_schedule_kind(std::string_view s) noexcept;
+
+/// Where a chip's device context comes from.
+enum class device_backend { cpu, emulated, cuda, hip };
+std::string_view to_string(device_backend b) noexcept;
+
+/// One chip of the cluster as the job file declares it.
+struct chip_spec {
+  chip_id id;
+  std::string device; ///< as written: "emulated:h100-sxm", "cpu", "cuda:0"
+  device_backend backend = device_backend::cpu;
+  int device_index = 0; ///< for cuda/hip
+  dtype compute_dtype = dtype::fp32;
+  chip_profile profile; ///< catalog profile (emulated) or the host's (cpu)
+};
+
+/// One h2-node process and its chips.
+struct node_spec {
+  int rank = 0;
+  std::vector<chip_spec> chips;
+};
+
+enum class source_kind { markov, tokens };
+
+struct data_config {
+  source_kind source = source_kind::markov;
+  /// Markov source: entropy rate of every transition row, nats per token.
+  double entropy_rate = 0;
+  /// Token files (nanoGPT raw uint16 or llm.c format, detected by magic).
+  std::string train_path;
+  std::string val_path; ///< empty: hold out the tail of train_path
+  double val_fraction = 0.1;
+};
+
+struct train_config {
+  int steps = 100;
+  int global_batch = 8; ///< sequences per optimizer step
+  int micro_batch = 1;  ///< sequences per micro-batch
+  double lr = 1e-3;     ///< peak learning rate
+  double min_lr = 1e-4; ///< floor of the cosine decay
+  int warmup_steps = 0;
+  int decay_steps = 0; ///< cosine decay length after warm-up (0: to `steps`)
+  double weight_decay = 0.1;
+  double beta1 = 0.9;
+  double beta2 = 0.95;
+  double eps = 1e-8;
+  double grad_clip = 1.0; ///< global gradient-norm clip (0: off)
+  int eval_every = 0;     ///< validation loss every N steps (0: off)
+  int eval_batches = 1;   ///< global batches per validation
+  int threads_per_chip = 1;
+};
+
+struct emulation_config {
+  clock_mode clock = clock_mode::virtual_clock;
+  /// Chip memory = profile memory x memory_scale (small models on big chips
+  /// would never fill them otherwise).
+  double memory_scale = 1.0;
+  /// Emulated times are multiplied by this (>= 1 slows every chip down
+  /// alike, so the CPU's real math fits inside the emulated time).
+  double time_scale = 1.0;
+  /// Overrides of the chips' interconnect figures for every link.
+  std::optional<double> link_bandwidth_bytes_per_second;
+  std::optional<double> link_latency_seconds;
+};
+
+enum class plan_mode { even, manual };
+std::string_view to_string(plan_mode m) noexcept;
+
+struct plan_config {
+  plan_mode mode = plan_mode::even;
+  schedule_kind schedule = schedule_kind::one_f_one_b;
+  /// The chip of each stage, in pipeline order (default: every chip, in
+  /// chip-id order).
+  std::vector<chip_id> stages;
+  /// Layers per stage (manual), summing to model.num_layers().
+  std::vector<int> layers;
+  /// Activation recomputation per stage (default: none).
+  std::vector<bool> recompute;
+};
+
+struct metrics_config {
+  int port = 0; ///< 0: no HTTP endpoint
+  std::string bind = "127.0.0.1";
+};
+
+struct transport_config {
+  /// Longest wait for a peer's frame before a timeout error, seconds.
+  double timeout_seconds = 60;
+};
+
+/// A validated job.
+struct job_config {
+  std::string name = "h2-job";
+  std::string origin; ///< file name or "<string>"
+  std::uint64_t seed = 0;
+  gpt_config model;
+  data_config data;
+  train_config train;
+  emulation_config emulation;
+  std::vector<node_spec> nodes;
+  plan_config plan;
+  metrics_config metrics;
+  transport_config transport;
+  catalog profiles; ///< built-in profiles plus the job's [profiles.*]
+
+  /// Every chip in chip-id order.
+  std::vector<const chip_spec*> chips() const;
+
+  /// The chip with `id`, or nullptr.
+  const chip_spec* find_chip(const chip_id& id) const;
+
+  /// Tokens per optimizer step.
+  std::int64_t tokens_per_step() const {
+    return static_cast<std::int64_t>(train.global_batch) * model.seq_len;
+  }
+};
+
+/// Parses and validates a job from TOML text. `origin` names the input in
+/// errors. Throws config_error naming the offending key.
+job_config parse_job(std::string_view toml_text, const std::string& origin);
+
+/// Reads and parses a job file; throws config_error (also when unreadable).
+job_config load_job_file(const std::string& path);
+
+/// The job `examples/demo.toml`, compiled in (h2-launch's default).
+std::string_view demo_job_toml() noexcept;
+
+/// The profile of the CPU this process runs on (backend `cpu`): its model
+/// name and physical memory; no peak figures (it is measured, not emulated).
+chip_profile host_cpu_profile();
+
+} // namespace h2

@@ -1,0 +1,64 @@
+// The GPT's shape and the arithmetic of its layers (FLOPs, bytes,
+// parameters), shared by the emulated chips' cost functions and the planner.
+// No libtorch here: the model itself lives in model/.
+#pragma once
+
+#include "h2/core/profile.hpp"
+
+#include <cstdint>
+#include <string_view>
+
+namespace h2 {
+
+/// A decoder-only transformer. Its layers, in pipeline order, are
+/// 0 = embedding (token + position), 1..n_layer = blocks,
+/// n_layer + 1 = head (final LayerNorm + LM head + loss).
+struct gpt_config {
+  int vocab_size = 0;
+  int seq_len = 0; ///< tokens per sequence (context length)
+  int d_model = 0;
+  int n_head = 0;
+  int n_layer = 0; ///< transformer blocks
+  int d_ff = 0;    ///< MLP hidden width
+
+  /// Layers of the pipeline: n_layer blocks plus embedding and head.
+  int num_layers() const noexcept { return n_layer + 2; }
+};
+
+enum class layer_kind { embedding, block, head };
+
+/// "embedding", "block", "head".
+std::string_view to_string(layer_kind kind) noexcept;
+
+/// The kind of global layer `layer` (0 <= layer < num_layers()).
+layer_kind kind_of_layer(const gpt_config& cfg, int layer);
+
+/// Parameters of one global layer. Embeddings are untied: the head has its
+/// own LM head weight.
+std::int64_t layer_parameters(const gpt_config& cfg, int layer);
+
+/// Parameters of the whole model.
+std::int64_t model_parameters(const gpt_config& cfg);
+
+/// The work of one layer on one micro-batch of `micro_batch` sequences in
+/// dtype `d`: what a roofline cost function needs.
+struct layer_work {
+  layer_kind kind = layer_kind::block;
+  double rows = 0;           ///< tokens in the micro-batch (GEMM M dimension)
+  double forward_flops = 0;  ///< dense FLOPs of the forward pass
+  double backward_flops = 0; ///< dense FLOPs of the backward pass
+  double forward_bytes = 0;  ///< memory traffic of the forward pass
+  double backward_bytes = 0; ///< memory traffic of the backward pass
+  std::int64_t parameters = 0;
+};
+
+/// Analytic FLOPs and bytes of `layer` for a micro-batch (attention counted
+/// in full, as dense kernels compute it).
+layer_work compute_layer_work(const gpt_config& cfg, int layer,
+                              int micro_batch, dtype d);
+
+/// FLOPs of one training step of the whole model on `tokens` tokens
+/// (forward + backward, the 6N-plus-attention rule).
+double training_flops(const gpt_config& cfg, double tokens);
+
+} // namespace h2

@@ -1,0 +1,65 @@
+// The plan: which chips form which stages, which layers each stage holds,
+// micro-batching and schedule (DESIGN.md, "Plan"). A plain struct with a
+// versioned JSON form that h2-plan prints and h2-launch --plan accepts.
+#pragma once
+
+#include "h2/core/chip_id.hpp"
+#include "h2/core/job.hpp"
+
+#include <string>
+#include <vector>
+
+namespace h2 {
+
+/// One pipeline stage: a contiguous range of global layers on one chip.
+struct stage_plan {
+  chip_id chip;
+  int first_layer = 0; ///< inclusive
+  int end_layer = 0;   ///< exclusive
+  bool recompute = false;
+
+  int num_layers() const noexcept { return end_layer - first_layer; }
+  bool operator==(const stage_plan&) const = default;
+};
+
+/// One copy of the whole pipeline.
+struct replica_plan {
+  std::vector<stage_plan> stages;
+  int micro_batch_size = 1; ///< sequences per micro-batch
+  int micro_batches = 1;    ///< micro-batches per step
+
+  int sequences() const noexcept { return micro_batch_size * micro_batches; }
+  bool operator==(const replica_plan&) const = default;
+};
+
+struct plan {
+  /// Version of the JSON form; bumped on incompatible changes.
+  static constexpr int format_version = 1;
+
+  schedule_kind schedule = schedule_kind::one_f_one_b;
+  std::vector<replica_plan> replicas;
+
+  bool operator==(const plan&) const = default;
+
+  /// Sequences per step over all replicas.
+  int global_batch() const noexcept;
+};
+
+/// The JSON form: {"format": "h2-plan", "version": 1, "schedule": "1f1b",
+/// "replicas": [{"micro_batch_size": 4, "micro_batches": 8, "stages":
+/// [{"chip": "0:0", "layers": [0, 3], "recompute": false}, ...]}]}.
+/// "layers" is the half-open range [first, end) of global layers.
+std::string to_json(const plan& p, int indent = 2);
+
+/// Parses the JSON form; throws config_error naming the JSON path
+/// ("replicas[0].stages[1].layers") for anything malformed.
+plan plan_from_json(const std::string& text, const std::string& origin);
+
+/// Checks `p` against the job: every chip exists and appears once, each
+/// replica's stages cover layers 0..num_layers() contiguously, micro-batches
+/// add up to the job's global batch. Throws config_error (key path prefixed
+/// with `origin`).
+void validate_plan(const plan& p, const job_config& job,
+                   const std::string& origin);
+
+} // namespace h2

@@ -1,0 +1,182 @@
+#include "h2/core/plan.hpp"
+
+#include "h2/core/error.hpp"
+
+#include <nlohmann/json.hpp>
+
+#include <set>
+
+namespace h2 {
+
+int plan::global_batch() const noexcept {
+  int n = 0;
+  for (auto& r : replicas)
+    n += r.sequences();
+  return n;
+}
+
+std::string to_json(const plan& p, int indent) {
+  nlohmann::json j;
+  j["format"] = "h2-plan";
+  j["version"] = plan::format_version;
+  j["schedule"] = std::string(to_string(p.schedule));
+  j["replicas"] = nlohmann::json::array();
+  for (auto& r : p.replicas) {
+    nlohmann::json jr;
+    jr["micro_batch_size"] = r.micro_batch_size;
+    jr["micro_batches"] = r.micro_batches;
+    jr["stages"] = nlohmann::json::array();
+    for (auto& s : r.stages)
+      jr["stages"].push_back({{"chip", s.chip.to_string()},
+                              {"layers", {s.first_layer, s.end_layer}},
+                              {"recompute", s.recompute}});
+    j["replicas"].push_back(std::move(jr));
+  }
+  return j.dump(indent);
+}
+
+namespace {
+
+using json = nlohmann::json;
+
+const json& member(const json& j, const std::string& key,
+                   const std::string& path) {
+  if (!j.is_object())
+    throw config_error(path, "expected an object");
+  auto i = j.find(key);
+  if (i == j.end())
+    throw config_error(path + "." + key, "missing required key");
+  return *i;
+}
+
+int int_member(const json& j, const std::string& key, const std::string& path,
+               int min) {
+  const json& v = member(j, key, path);
+  if (!v.is_number_integer() || v.get<long long>() < min ||
+      v.get<long long>() > (1LL << 30))
+    throw config_error(path + "." + key,
+                       "expected an integer >= " + std::to_string(min));
+  return v.get<int>();
+}
+
+void reject_unknown(const json& j, const std::set<std::string>& known,
+                    const std::string& path) {
+  for (auto& [k, v] : j.items())
+    if (known.count(k) == 0)
+      throw config_error(path.empty() ? k : path + "." + k, "unknown key");
+}
+
+} // namespace
+
+plan plan_from_json(const std::string& text, const std::string& origin) {
+  json j;
+  try {
+    j = json::parse(text);
+  } catch (const json::parse_error& e) {
+    throw config_error("", origin + ": invalid JSON: " + e.what());
+  }
+  std::string root = origin;
+  if (!j.is_object())
+    throw config_error(root, "expected a JSON object");
+  reject_unknown(j, {"format", "version", "schedule", "replicas"}, root);
+  const json& fmt = member(j, "format", root);
+  if (!fmt.is_string() || fmt.get<std::string>() != "h2-plan")
+    throw config_error(root + ".format", "expected \"h2-plan\"");
+  int version = int_member(j, "version", root, 1);
+  if (version != plan::format_version)
+    throw config_error(root + ".version",
+                       "plan format version " + std::to_string(version) +
+                         " is not supported (this build reads version " +
+                         std::to_string(plan::format_version) + ")");
+  plan p;
+  const json& sched = member(j, "schedule", root);
+  auto kind = sched.is_string() ? parse_schedule_kind(sched.get<std::string>())
+                                : std::nullopt;
+  if (!kind)
+    throw config_error(root + ".schedule", "expected \"gpipe\" or \"1f1b\"");
+  p.schedule = *kind;
+  const json& reps = member(j, "replicas", root);
+  if (!reps.is_array() || reps.empty())
+    throw config_error(root + ".replicas", "expected a non-empty array");
+  for (std::size_t ri = 0; ri < reps.size(); ++ri) {
+    std::string rpath = root + ".replicas[" + std::to_string(ri) + "]";
+    const json& jr = reps[ri];
+    if (!jr.is_object())
+      throw config_error(rpath, "expected an object");
+    reject_unknown(jr, {"micro_batch_size", "micro_batches", "stages"}, rpath);
+    replica_plan r;
+    r.micro_batch_size = int_member(jr, "micro_batch_size", rpath, 1);
+    r.micro_batches = int_member(jr, "micro_batches", rpath, 1);
+    const json& stages = member(jr, "stages", rpath);
+    if (!stages.is_array() || stages.empty())
+      throw config_error(rpath + ".stages", "expected a non-empty array");
+    for (std::size_t si = 0; si < stages.size(); ++si) {
+      std::string spath = rpath + ".stages[" + std::to_string(si) + "]";
+      const json& js = stages[si];
+      if (!js.is_object())
+        throw config_error(spath, "expected an object");
+      reject_unknown(js, {"chip", "layers", "recompute"}, spath);
+      stage_plan s;
+      const json& chip = member(js, "chip", spath);
+      auto id = chip.is_string() ? chip_id::parse(chip.get<std::string>())
+                                 : std::nullopt;
+      if (!id)
+        throw config_error(spath + ".chip", "expected \"<node>:<index>\"");
+      s.chip = *id;
+      const json& layers = member(js, "layers", spath);
+      if (!layers.is_array() || layers.size() != 2 ||
+          !layers[0].is_number_integer() || !layers[1].is_number_integer())
+        throw config_error(spath + ".layers", "expected [first, end]");
+      s.first_layer = layers[0].get<int>();
+      s.end_layer = layers[1].get<int>();
+      if (js.contains("recompute")) {
+        if (!js["recompute"].is_boolean())
+          throw config_error(spath + ".recompute", "expected a boolean");
+        s.recompute = js["recompute"].get<bool>();
+      }
+      r.stages.push_back(s);
+    }
+    p.replicas.push_back(std::move(r));
+  }
+  return p;
+}
+
+void validate_plan(const plan& p, const job_config& job,
+                   const std::string& origin) {
+  std::set<chip_id> used;
+  const int layers = job.model.num_layers();
+  for (std::size_t ri = 0; ri < p.replicas.size(); ++ri) {
+    auto& r = p.replicas[ri];
+    std::string rpath = origin + ".replicas[" + std::to_string(ri) + "]";
+    int next = 0;
+    for (std::size_t si = 0; si < r.stages.size(); ++si) {
+      auto& s = r.stages[si];
+      std::string spath = rpath + ".stages[" + std::to_string(si) + "]";
+      if (job.find_chip(s.chip) == nullptr)
+        throw config_error(spath + ".chip",
+                           "no chip " + s.chip.to_string() + " in the job");
+      if (!used.insert(s.chip).second)
+        throw config_error(spath + ".chip", "chip " + s.chip.to_string() +
+                                              " is used by two stages");
+      if (s.first_layer != next || s.end_layer <= s.first_layer)
+        throw config_error(spath + ".layers",
+                           "expected a non-empty range starting at layer " +
+                             std::to_string(next) + ", got [" +
+                             std::to_string(s.first_layer) + ", " +
+                             std::to_string(s.end_layer) + ")");
+      next = s.end_layer;
+    }
+    if (next != layers)
+      throw config_error(rpath + ".stages",
+                         "cover layers [0, " + std::to_string(next) +
+                           ") but the model has " + std::to_string(layers) +
+                           " layers");
+  }
+  if (p.global_batch() != job.train.global_batch)
+    throw config_error(origin + ".replicas",
+                       "hold " + std::to_string(p.global_batch()) +
+                         " sequences per step but train.global_batch = " +
+                         std::to_string(job.train.global_batch));
+}
+
+} // namespace h2

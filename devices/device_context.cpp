@@ -1,0 +1,152 @@
+#include "h2/devices/device_context.hpp"
+
+#include "h2/devices/cpu/context.hpp"
+#include "h2/devices/emulated/context.hpp"
+#include "h2/devices/torch_compat.hpp"
+
+#include <h2/config.hpp>
+#if H2_HAS_CUDA
+#include "h2/devices/cuda/context.hpp"
+#endif
+#if H2_HAS_HIP
+#include "h2/devices/hip/context.hpp"
+#endif
+
+#include <ATen/Parallel.h>
+
+namespace h2::devices {
+
+thread_binding::thread_binding(const device_context& device)
+  : memory_(device.memory_ptr()), previous_threads_(at::get_num_threads()) {
+  // OpenMP's thread count is per thread: set it on the chip's own thread.
+  at::set_num_threads(device.threads());
+}
+
+thread_binding::~thread_binding() {
+  at::set_num_threads(previous_threads_);
+}
+
+compute_scope::compute_scope(const device_context& device) {
+  if (device.compute_dtype() == dtype::fp32 ||
+      device.torch_device().type() != c10::kCPU)
+    return;
+  active_ = true;
+  previous_enabled_ = compat::cpu_autocast_enabled();
+  at::autocast::increment_nesting();
+  compat::set_cpu_autocast(true, device.compute_dtype() == dtype::bf16
+                                   ? at::kBFloat16
+                                   : at::kHalf);
+}
+
+compute_scope::~compute_scope() {
+  if (!active_)
+    return;
+  compat::set_cpu_autocast(previous_enabled_, at::kBFloat16);
+  // Autocast caches cast weights; drop them so the next step sees the
+  // optimizer's update (what torch.autocast's __exit__ does).
+  if (at::autocast::decrement_nesting() == 0)
+    at::autocast::clear_cache();
+}
+
+device_context::device_context(const chip_spec& spec,
+                               std::uint64_t capacity_bytes, chip_clock clock,
+                               int threads)
+  : spec_(spec),
+    memory_(std::make_shared<memory_account>(spec.id.to_string() + " (" +
+                                               spec.device + ")",
+                                             capacity_bytes)),
+    clock_(clock),
+    threads_(threads) {
+}
+
+device_context::~device_context() = default;
+
+std::string device_context::describe() const {
+  return spec_.id.to_string() + " (" + spec_.device + ")";
+}
+
+at::Tensor device_context::to_device(const at::Tensor& host) const {
+  return host.to(torch_device());
+}
+
+at::Tensor device_context::to_host(const at::Tensor& tensor) const {
+  return tensor.to(c10::kCPU);
+}
+
+at::Tensor device_context::take(const at::Tensor& tensor) const {
+  if (tensor.device() == torch_device())
+    return adopt(tensor, memory_);
+  return tensor.to(torch_device());
+}
+
+std::optional<double> device_context::layer_seconds(const layer_work&,
+                                                    pass) const {
+  return std::nullopt;
+}
+
+std::optional<double> device_context::optimizer_seconds(std::int64_t) const {
+  return std::nullopt;
+}
+
+double device_context::transfer_seconds(std::uint64_t,
+                                        const chip_profile&) const {
+  return 0;
+}
+
+double device_context::complete_op(double wall_start,
+                                   std::optional<double> emulated) {
+  double seconds = emulated ? *emulated : clock_.wall_now() - wall_start;
+  clock_.complete_op(wall_start, seconds);
+  // Under the wall clock an overrun makes the op longer than emulated.
+  return clock_.mode() == clock_mode::wall ? clock_.wall_now() - wall_start
+                                           : seconds;
+}
+
+std::unique_ptr<device_context>
+make_device(const chip_spec& spec, const emulation_config& emulation,
+            chip_clock::wall_clock::time_point origin, int threads) {
+  switch (spec.backend) {
+    case device_backend::cpu:
+      return std::make_unique<cpu_context>(spec, origin, threads,
+                                           emulation.clock);
+    case device_backend::emulated:
+      return std::make_unique<emulated_context>(spec, emulation, origin,
+                                                threads);
+    case device_backend::cuda:
+#if H2_HAS_CUDA
+      return std::make_unique<cuda_context>(spec, origin, threads,
+                                            emulation.clock);
+#else
+      throw device_error(device_errc::unavailable,
+                         "chip " + spec.id.to_string() + " (" + spec.device +
+                           "): this build has no CUDA backend (configure "
+                           "with H2_WITH_CUDA=ON where the CUDA toolkit is "
+                           "installed)");
+#endif
+    case device_backend::hip:
+#if H2_HAS_HIP
+      return std::make_unique<hip_context>(spec, origin, threads,
+                                           emulation.clock);
+#else
+      throw device_error(device_errc::unavailable,
+                         "chip " + spec.id.to_string() + " (" + spec.device +
+                           "): this build has no HIP backend (configure "
+                           "with H2_WITH_HIP=ON where ROCm's HIP runtime is "
+                           "installed)");
+#endif
+  }
+  throw internal_error("unknown device backend");
+}
+
+std::vector<std::string> built_backends() {
+  std::vector<std::string> out{"cpu", "emulated"};
+#if H2_HAS_CUDA
+  out.push_back("cuda");
+#endif
+#if H2_HAS_HIP
+  out.push_back("hip");
+#endif
+  return out;
+}
+
+} // namespace h2::devices

@@ -1,0 +1,48 @@
+// The emulated chip's own roofline cost function (DESIGN.md): how long a
+// layer-level op takes on a chip of a given profile. Deliberately NOT the
+// planner's cost model (scheduler/): the planner learns chips by profiling
+// them, as it would real ones.
+#pragma once
+
+#include "h2/core/model_config.hpp"
+#include "h2/core/profile.hpp"
+
+#include <cstdint>
+
+namespace h2::devices {
+
+/// The pass of a layer-level op.
+enum class pass { forward, backward };
+
+/// time = overhead + max(flops / (peak(dtype) x efficiency(rows)),
+///                       bytes / memory bandwidth)
+/// efficiency(rows) = max_efficiency x rows / (rows + half_efficiency_rows),
+/// all multiplied by `time_scale`.
+class emulated_cost_function {
+public:
+  emulated_cost_function(const chip_profile& profile, dtype compute_dtype,
+                         double time_scale);
+
+  /// Seconds of one layer's forward or backward on one micro-batch.
+  double layer_seconds(const layer_work& work, pass p) const noexcept;
+
+  /// Seconds of the AdamW update of `parameters` fp32 parameters (reads
+  /// parameter, gradient and both moments, writes three of them).
+  double optimizer_seconds(std::int64_t parameters) const noexcept;
+
+  /// Seconds to move `bytes` to a chip whose interconnect is
+  /// `peer_bytes_per_second`: the slower end's bandwidth plus the latency
+  /// (both overridable for every link).
+  double transfer_seconds(std::uint64_t bytes, double peer_bytes_per_second,
+                          double bandwidth_override,
+                          double latency_override) const noexcept;
+
+  const chip_profile& profile() const noexcept { return profile_; }
+
+private:
+  chip_profile profile_;
+  dtype dtype_;
+  double time_scale_;
+};
+
+} // namespace h2::devices

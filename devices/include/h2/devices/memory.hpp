@@ -1,0 +1,82 @@
+// Memory accounting with a hard capacity (DESIGN.md, "Device context").
+//
+// Every CPU tensor allocated on a thread bound to a chip (thread_binding) is
+// charged to that chip's memory_account until the tensor's storage is freed,
+// on whichever thread that happens. An allocation past the capacity fails
+// with device_error(out_of_memory) naming the chip, as on a real device.
+#pragma once
+
+#include "h2/core/error.hpp"
+
+#include <ATen/core/Tensor.h>
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+namespace h2::devices {
+
+/// The bytes a chip holds, its peak, and its capacity. Thread-safe.
+class memory_account {
+public:
+  /// `chip` names the chip in errors ("0:2 (emulated:a100-sxm-40gb)").
+  memory_account(std::string chip, std::uint64_t capacity_bytes);
+
+  /// Charges `bytes`; throws device_error(out_of_memory) when the charge
+  /// would exceed the capacity (nothing is charged then).
+  void reserve(std::uint64_t bytes);
+
+  /// Returns `bytes` charged earlier. Never throws.
+  void release(std::uint64_t bytes) noexcept;
+
+  std::uint64_t used_bytes() const noexcept { return used_.load(); }
+  std::uint64_t peak_bytes() const noexcept { return peak_.load(); }
+  std::uint64_t capacity_bytes() const noexcept { return capacity_; }
+  const std::string& chip() const noexcept { return chip_; }
+
+  /// Starts a new peak measurement at the current usage.
+  void reset_peak() noexcept { peak_.store(used_.load()); }
+
+  /// The message of the last out-of-memory failure (empty if none); kept
+  /// because libtorch may rethrow errors from inside ops as its own type.
+  std::string last_failure() const;
+
+private:
+  std::string chip_;
+  std::uint64_t capacity_;
+  std::atomic<std::uint64_t> used_{0};
+  std::atomic<std::uint64_t> peak_{0};
+  mutable std::atomic<bool> failed_{false};
+  std::string failure_; // written once before failed_ is set
+};
+
+/// Binds the calling thread's CPU allocations to `account` for the binding's
+/// lifetime (nests; restores the previous binding). Installs the accounting
+/// allocator into c10 on first use.
+class memory_binding {
+public:
+  explicit memory_binding(std::shared_ptr<memory_account> account);
+  ~memory_binding();
+  memory_binding(const memory_binding&) = delete;
+  memory_binding& operator=(const memory_binding&) = delete;
+
+private:
+  std::shared_ptr<memory_account> previous_;
+};
+
+/// The account the calling thread is bound to (nullptr if none).
+const std::shared_ptr<memory_account>& current_account() noexcept;
+
+/// A zero-copy alias of `tensor` whose bytes are charged to `account` for as
+/// long as the alias (or anything sharing its storage) lives: how a chip
+/// takes over a tensor handed to it in-process. The original storage stays
+/// alive (and charged to its own account) while the alias exists. Throws
+/// device_error(out_of_memory) when `account` cannot hold it.
+at::Tensor adopt(const at::Tensor& tensor,
+                 const std::shared_ptr<memory_account>& account);
+
+/// Bytes of the storage behind `tensor` (0 for undefined tensors).
+std::uint64_t storage_bytes(const at::Tensor& tensor) noexcept;
+
+} // namespace h2::devices

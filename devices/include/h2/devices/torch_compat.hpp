@@ -1,0 +1,50 @@
+// The few libtorch APIs that differ between Debian's libtorch 1.13 (CPU) and
+// the libtorch 2.x of the GPU machines. Everything version-dependent lives
+// here so the rest of H2 reads the same against both.
+#pragma once
+
+#include <ATen/autocast_mode.h>
+#include <c10/core/Allocator.h>
+#include <torch/version.h>
+
+#define H2_TORCH_AT_LEAST(major, minor)                                        \
+  (TORCH_VERSION_MAJOR > (major) ||                                            \
+   (TORCH_VERSION_MAJOR == (major) && TORCH_VERSION_MINOR >= (minor)))
+
+namespace h2::devices::compat {
+
+/// Enables or disables CPU autocast with `dtype` on the calling thread.
+inline void set_cpu_autocast(bool enabled, at::ScalarType dtype) {
+#if H2_TORCH_AT_LEAST(2, 4)
+  at::autocast::set_autocast_enabled(at::kCPU, enabled);
+  at::autocast::set_autocast_dtype(at::kCPU, dtype);
+#else
+  at::autocast::set_cpu_enabled(enabled);
+  at::autocast::set_autocast_cpu_dtype(dtype);
+#endif
+}
+
+/// Whether CPU autocast is on for the calling thread.
+inline bool cpu_autocast_enabled() {
+#if H2_TORCH_AT_LEAST(2, 4)
+  return at::autocast::is_autocast_enabled(at::kCPU);
+#else
+  return at::autocast::is_cpu_enabled();
+#endif
+}
+
+} // namespace h2::devices::compat
+
+// c10::Allocator::allocate lost its const and gained a pure copy_data() in
+// libtorch 2.3.
+#if H2_TORCH_AT_LEAST(2, 3)
+#define H2_ALLOCATE_CONST
+#define H2_ALLOCATOR_COPY_DATA                                                 \
+  void copy_data(void* dest, const void* src, std::size_t count)              \
+    const override {                                                           \
+    default_copy_data(dest, src, count);                                       \
+  }
+#else
+#define H2_ALLOCATE_CONST const
+#define H2_ALLOCATOR_COPY_DATA
+#endif

@@ -1,0 +1,170 @@
+#include "h2/devices/memory.hpp"
+
+#include "h2/devices/torch_compat.hpp"
+
+#include <ATen/ops/from_blob.h>
+#include <c10/core/CPUAllocator.h>
+
+#include <cstdio>
+#include <mutex>
+
+namespace h2::devices {
+
+namespace {
+
+std::string format_bytes(std::uint64_t bytes) {
+  char buf[32];
+  double v = static_cast<double>(bytes);
+  const char* unit = "B";
+  for (const char* u : {"KiB", "MiB", "GiB", "TiB"}) {
+    if (v < 1024)
+      break;
+    v /= 1024;
+    unit = u;
+  }
+  std::snprintf(buf, sizeof(buf), "%.1f %s", v, unit);
+  return buf;
+}
+
+thread_local std::shared_ptr<memory_account> bound_account;
+
+/// Every allocation through the accounting allocator starts with this
+/// header, just before the data: who was charged, and how much. Keeping the
+/// header in the block (instead of a DataPtr context) makes the data
+/// pointer its own context, which c10's raw_allocate() requires.
+struct allocation_header {
+  std::shared_ptr<memory_account> account; ///< null: not charged
+  std::uint64_t bytes = 0;
+};
+
+/// 64 bytes keep the data at the base allocator's 64-byte alignment.
+constexpr std::size_t header_bytes = 64;
+static_assert(sizeof(allocation_header) <= header_bytes);
+
+c10::Allocator* base_allocator = nullptr;
+c10::DeleterFnPtr base_raw_deleter = nullptr;
+
+void free_charged(void* data) {
+  if (data == nullptr)
+    return;
+  void* raw = static_cast<char*>(data) - header_bytes;
+  auto* h = static_cast<allocation_header*>(raw);
+  if (h->account)
+    h->account->release(h->bytes);
+  h->~allocation_header();
+  base_raw_deleter(raw);
+}
+
+/// Wraps c10's CPU allocator: allocations made on a bound thread are charged
+/// to its account until freed (on any thread); all others are only
+/// forwarded.
+class accounting_allocator final : public c10::Allocator {
+public:
+  c10::DataPtr allocate(size_t n) H2_ALLOCATE_CONST override {
+    const auto& account = bound_account;
+    if (account)
+      account->reserve(n);
+    void* raw = nullptr;
+    try {
+      raw = base_allocator->raw_allocate(n + header_bytes);
+    } catch (...) {
+      if (account)
+        account->release(n);
+      throw;
+    }
+    new (raw) allocation_header{account, n};
+    void* data = static_cast<char*>(raw) + header_bytes;
+    return c10::DataPtr(data, data, &free_charged, c10::Device(c10::kCPU));
+  }
+
+  c10::DeleterFnPtr raw_deleter() const override { return &free_charged; }
+
+  H2_ALLOCATOR_COPY_DATA
+};
+
+void install_allocator() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    base_allocator = c10::GetAllocator(c10::kCPU);
+    base_raw_deleter = base_allocator->raw_deleter();
+    H2_ENFORCE(base_raw_deleter != nullptr,
+               "c10's CPU allocator has no raw deleter");
+    // Static lifetime, as c10::SetAllocator requires.
+    static accounting_allocator allocator;
+    c10::SetAllocator(c10::kCPU, &allocator, /*priority=*/10);
+  });
+}
+
+} // namespace
+
+memory_account::memory_account(std::string chip, std::uint64_t capacity_bytes)
+  : chip_(std::move(chip)), capacity_(capacity_bytes) {
+}
+
+void memory_account::reserve(std::uint64_t bytes) {
+  std::uint64_t used = used_.load();
+  for (;;) {
+    if (bytes > capacity_ || used > capacity_ - bytes) {
+      std::string msg = "chip " + chip_ + " is out of memory: tried to "
+                        "allocate " + format_bytes(bytes) + " with " +
+                        format_bytes(used) + " of " +
+                        format_bytes(capacity_) + " in use";
+      if (!failed_.exchange(true))
+        failure_ = msg;
+      throw device_error(device_errc::out_of_memory, msg);
+    }
+    if (used_.compare_exchange_weak(used, used + bytes))
+      break;
+  }
+  std::uint64_t now = used + bytes;
+  std::uint64_t peak = peak_.load();
+  while (now > peak && !peak_.compare_exchange_weak(peak, now)) {
+  }
+}
+
+void memory_account::release(std::uint64_t bytes) noexcept {
+  used_.fetch_sub(bytes);
+}
+
+std::string memory_account::last_failure() const {
+  return failed_.load() ? failure_ : std::string{};
+}
+
+memory_binding::memory_binding(std::shared_ptr<memory_account> account) {
+  install_allocator();
+  previous_ = std::move(bound_account);
+  bound_account = std::move(account);
+}
+
+memory_binding::~memory_binding() {
+  bound_account = std::move(previous_);
+}
+
+const std::shared_ptr<memory_account>& current_account() noexcept {
+  return bound_account;
+}
+
+std::uint64_t storage_bytes(const at::Tensor& tensor) noexcept {
+  if (!tensor.defined() || !tensor.has_storage())
+    return 0;
+  return tensor.storage().nbytes();
+}
+
+at::Tensor adopt(const at::Tensor& tensor,
+                 const std::shared_ptr<memory_account>& account) {
+  if (!tensor.defined())
+    return tensor;
+  std::uint64_t bytes = storage_bytes(tensor);
+  account->reserve(bytes);
+  // The deleter keeps the original storage alive and credits the account.
+  auto keep = tensor.storage();
+  auto on_free = [keep, account, bytes](void*) mutable {
+    account->release(bytes);
+    keep = {};
+  };
+  // From here on the alias's deleter owns the charge.
+  return at::from_blob(tensor.data_ptr(), tensor.sizes(), tensor.strides(),
+                       on_free, tensor.options());
+}
+
+} // namespace h2::devices

@@ -1,0 +1,459 @@
+#include "h2/metrics/http_server.hpp"
+
+#include "h2/core/error.hpp"
+
+#include <asio.hpp>
+
+#include <algorithm>
+#include <array>
+#include <cstdio>
+#include <exception>
+#include <mutex>
+#include <set>
+#include <string_view>
+#include <thread>
+#include <utility>
+
+namespace h2::metrics {
+
+namespace {
+
+using asio::ip::tcp;
+using buffer_iterator =
+    asio::buffers_iterator<asio::streambuf::const_buffers_type>;
+
+/// After a response the server reads and discards what the client still
+/// sends, up to this much, before closing: closing a socket with unread input
+/// resets the connection, and the client could lose the response.
+constexpr std::size_t max_drain_bytes = std::size_t{64} * 1024;
+constexpr std::chrono::seconds drain_timeout{2};
+/// Pause before accepting again after accept() failed (e.g. out of file
+/// descriptors), so that the server does not spin.
+constexpr std::chrono::milliseconds accept_retry_delay{100};
+
+constexpr std::string_view exposition_content_type =
+    "text/plain; version=0.0.4; charset=utf-8";
+constexpr std::string_view index_html =
+    "<!DOCTYPE html>\n<html><head><title>H2</title></head>\n"
+    "<body><h1>H2</h1><p><a href=\"/metrics\">Metrics</a></p></body></html>\n";
+
+/// Match condition for async_read_until: the end of a request head, a blank
+/// line ("\r\n\r\n", or "\n\n" from lenient clients).
+std::pair<buffer_iterator, bool> match_head_end(buffer_iterator begin,
+                                                buffer_iterator end) {
+  for (auto it = begin; it != end; ++it) {
+    if (*it != '\n')
+      continue;
+    auto next = it + 1;
+    if (next == end)
+      return {it, false};
+    if (*next == '\n')
+      return {next + 1, true};
+    if (*next == '\r') {
+      if (next + 1 == end)
+        return {it, false};
+      if (*(next + 1) == '\n')
+        return {next + 2, true};
+    }
+  }
+  return {end, false};
+}
+
+struct request {
+  std::string method;
+  std::string path;   ///< without query string
+  int error_status{}; ///< non-zero when the request cannot be served
+};
+
+bool is_token_char(char c) {
+  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
+         (c >= '0' && c <= '9') ||
+         std::string_view("!#$%&'*+-.^_`|~").find(c) != std::string_view::npos;
+}
+
+/// Reads the request line; the headers are not needed to answer.
+request parse_request(std::string_view head) {
+  request r;
+  while (!head.empty() && (head.front() == '\r' || head.front() == '\n'))
+    head.remove_prefix(1);
+  auto line = head.substr(0, head.find('\n'));
+  if (!line.empty() && line.back() == '\r')
+    line.remove_suffix(1);
+  auto sp1 = line.find(' ');
+  auto sp2 = sp1 == line.npos ? line.npos : line.find(' ', sp1 + 1);
+  if (sp2 == line.npos || line.find(' ', sp2 + 1) != line.npos) {
+    r.error_status = 400;
+    return r;
+  }
+  auto method = line.substr(0, sp1);
+  auto target = line.substr(sp1 + 1, sp2 - sp1 - 1);
+  auto version = line.substr(sp2 + 1);
+  if (method.empty() ||
+      !std::all_of(method.begin(), method.end(), is_token_char) ||
+      version.substr(0, 5) != "HTTP/") {
+    r.error_status = 400;
+    return r;
+  }
+  if (version != "HTTP/1.1" && version != "HTTP/1.0") {
+    r.error_status = 505;
+    return r;
+  }
+  // Absolute form ("http://host:port/metrics"), as sent to proxies.
+  if (auto scheme = target.find("://");
+      scheme != target.npos && target.substr(0, 1) != "/") {
+    auto slash = target.find('/', scheme + 3);
+    target =
+        slash == target.npos ? std::string_view("/") : target.substr(slash);
+  }
+  if (target.empty() || target.front() != '/') {
+    r.error_status = 400;
+    return r;
+  }
+  r.method = method;
+  r.path = target.substr(0, target.find_first_of("?#"));
+  return r;
+}
+
+std::string_view reason_phrase(int status) {
+  switch (status) {
+  case 200:
+    return "OK";
+  case 400:
+    return "Bad Request";
+  case 404:
+    return "Not Found";
+  case 405:
+    return "Method Not Allowed";
+  case 431:
+    return "Request Header Fields Too Large";
+  case 500:
+    return "Internal Server Error";
+  case 505:
+    return "HTTP Version Not Supported";
+  default:
+    return "Unknown";
+  }
+}
+
+struct response {
+  int status = 200;
+  std::string_view content_type = "text/plain; charset=utf-8";
+  std::string body;
+  bool allow_header = false; ///< send "Allow: GET, HEAD" (405)
+};
+
+response error_response(int status) {
+  response r;
+  r.status = status;
+  r.body = std::string(reason_phrase(status)) + "\n";
+  r.allow_header = status == 405;
+  return r;
+}
+
+response route(const request& req,
+               const std::function<std::string()>& metrics_body) {
+  if (req.error_status != 0)
+    return error_response(req.error_status);
+  if (req.path != "/metrics" && req.path != "/")
+    return error_response(404);
+  if (req.method != "GET" && req.method != "HEAD")
+    return error_response(405);
+  response r;
+  if (req.path == "/") {
+    r.content_type = "text/html; charset=utf-8";
+    r.body = index_html;
+    return r;
+  }
+  try {
+    r.content_type = exposition_content_type;
+    r.body = metrics_body();
+    return r;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "h2 metrics server: collecting metrics failed: %s\n",
+                 e.what());
+  } catch (...) {
+    std::fprintf(stderr, "h2 metrics server: collecting metrics failed\n");
+  }
+  return error_response(500);
+}
+
+std::string serialize(const response& r, bool head_only) {
+  std::string out = "HTTP/1.1 " + std::to_string(r.status) + " ";
+  out += reason_phrase(r.status);
+  out += "\r\nContent-Type: ";
+  out += r.content_type;
+  out += "\r\nContent-Length: " + std::to_string(r.body.size());
+  out += "\r\nConnection: close\r\n";
+  if (r.allow_header)
+    out += "Allow: GET, HEAD\r\n";
+  out += "\r\n";
+  if (!head_only)
+    out += r.body;
+  return out;
+}
+
+class connection;
+
+/// The state the server thread works on. Touched only by the server thread
+/// while it runs, and by stop() after joining it.
+struct server_core {
+  // Declared first so that it is destroyed last: sockets and timers must not
+  // outlive their io_context.
+  asio::io_context io;
+  tcp::acceptor acceptor{io};
+  asio::steady_timer accept_retry{io};
+  std::function<std::string()> metrics_body;
+  std::set<std::shared_ptr<connection>> connections;
+
+  void accept();
+  void shutdown();
+};
+
+/// One client: read the head (bounded in size and time), answer, drain,
+/// close. Kept alive by the server's set and by its pending handlers.
+class connection : public std::enable_shared_from_this<connection> {
+public:
+  connection(server_core& server, tcp::socket socket)
+      : server_(server),
+        socket_(std::move(socket)),
+        deadline_(server.io),
+        buffer_(http_server::max_request_head_bytes) {}
+
+  void start() {
+    arm(http_server::request_timeout);
+    asio::async_read_until(
+        socket_, buffer_, &match_head_end,
+        [self = shared_from_this()](const asio::error_code& ec, std::size_t n) {
+          self->on_head(ec, n);
+        });
+  }
+
+  /// Closes the socket and forgets the connection; its pending operations
+  /// then complete with errors and release it.
+  void close() {
+    if (closed_)
+      return;
+    close_socket();
+    server_.connections.erase(shared_from_this());
+  }
+
+  /// Closes the socket and the timer only (stop() clears the set itself).
+  void close_socket() {
+    closed_ = true;
+    asio::error_code ignored;
+    socket_.close(ignored);
+    deadline_.cancel();
+  }
+
+private:
+  /// (Re)starts the deadline; when it passes, the connection is closed.
+  void arm(std::chrono::steady_clock::duration timeout) {
+    deadline_.expires_after(timeout);
+    deadline_.async_wait([self =
+                              shared_from_this()](const asio::error_code& ec) {
+      // A re-armed deadline cancels this wait; check the expiry as well in
+      // case it passed just before being re-armed.
+      if (!ec && self->deadline_.expiry() <= std::chrono::steady_clock::now())
+        self->close();
+    });
+  }
+
+  void on_head(const asio::error_code& ec, std::size_t n) {
+    if (closed_)
+      return;
+    if (ec == asio::error::not_found) {
+      // The buffer filled up (max_request_head_bytes) without a blank line.
+      write(serialize(error_response(431), false));
+      return;
+    }
+    if (ec) {
+      close();
+      return;
+    }
+    auto begin = asio::buffers_begin(buffer_.data());
+    std::string head(begin, begin + static_cast<std::ptrdiff_t>(n));
+    request req = parse_request(head);
+    write(serialize(route(req, server_.metrics_body), req.method == "HEAD"));
+  }
+
+  void write(std::string data) {
+    response_ = std::move(data);
+    arm(http_server::response_timeout);
+    asio::async_write(
+        socket_, asio::buffer(response_),
+        [self = shared_from_this()](const asio::error_code& ec, std::size_t) {
+          self->on_written(ec);
+        });
+  }
+
+  void on_written(const asio::error_code& ec) {
+    if (closed_)
+      return;
+    if (ec) {
+      close();
+      return;
+    }
+    asio::error_code ignored;
+    socket_.shutdown(tcp::socket::shutdown_send, ignored);
+    arm(drain_timeout);
+    drain();
+  }
+
+  void drain() {
+    socket_.async_read_some(
+        asio::buffer(discard_),
+        [self = shared_from_this()](const asio::error_code& ec, std::size_t n) {
+          if (self->closed_)
+            return;
+          self->drained_ += n;
+          if (ec || self->drained_ > max_drain_bytes) {
+            self->close();
+            return;
+          }
+          self->drain();
+        });
+  }
+
+  server_core& server_;
+  tcp::socket socket_;
+  asio::steady_timer deadline_;
+  asio::streambuf buffer_;
+  std::string response_;
+  std::array<char, 4096> discard_{};
+  std::size_t drained_ = 0;
+  bool closed_ = false;
+};
+
+void server_core::accept() {
+  acceptor.async_accept([this](const asio::error_code& ec, tcp::socket socket) {
+    if (ec == asio::error::operation_aborted || !acceptor.is_open())
+      return;
+    if (ec) {
+      accept_retry.expires_after(accept_retry_delay);
+      accept_retry.async_wait([this](const asio::error_code& wait_ec) {
+        if (!wait_ec)
+          accept();
+      });
+      return;
+    }
+    if (connections.size() >= http_server::max_connections) {
+      asio::error_code ignored;
+      socket.close(ignored);
+    } else {
+      auto c = std::make_shared<connection>(*this, std::move(socket));
+      connections.insert(c);
+      c->start();
+    }
+    accept();
+  });
+}
+
+void server_core::shutdown() {
+  asio::error_code ignored;
+  acceptor.close(ignored);
+  accept_retry.cancel();
+  for (const auto& c : connections)
+    c->close_socket();
+  // Handlers still queued in `io` hold the connections until it is
+  // destroyed; their sockets are closed already.
+  connections.clear();
+}
+
+/// "host:port", with brackets around an IPv6 address.
+std::string endpoint_text(const std::string& address, std::uint16_t port) {
+  bool v6 = address.find(':') != std::string::npos;
+  return (v6 ? "[" + address + "]" : address) + ":" + std::to_string(port);
+}
+
+} // namespace
+
+struct http_server::impl {
+  server_core core;
+  std::thread thread;
+  std::mutex stop_mutex;
+  bool stopped = false;
+  std::uint16_t port = 0;
+};
+
+http_server::http_server(const std::string& bind_address, std::uint16_t port,
+                         std::function<std::string()> metrics_body)
+    : impl_(std::make_unique<impl>()) {
+  H2_ENFORCE(metrics_body != nullptr, "http_server needs a body callback");
+  auto& core = impl_->core;
+  core.metrics_body = std::move(metrics_body);
+  auto fail = [&](const asio::error_code& ec) {
+    throw error("cannot listen on " + endpoint_text(bind_address, port) + ": " +
+                ec.message());
+  };
+  asio::error_code ec;
+  tcp::endpoint endpoint;
+  auto address = asio::ip::make_address(bind_address, ec);
+  if (!ec) {
+    endpoint = tcp::endpoint(address, port);
+  } else {
+    tcp::resolver resolver(core.io);
+    auto results = resolver.resolve(
+        bind_address, std::to_string(port),
+        tcp::resolver::passive | tcp::resolver::numeric_service, ec);
+    if (ec)
+      fail(ec);
+    if (results.empty())
+      fail(asio::error::host_not_found);
+    endpoint = results.begin()->endpoint();
+  }
+  core.acceptor.open(endpoint.protocol(), ec);
+  if (ec)
+    fail(ec);
+  core.acceptor.set_option(tcp::acceptor::reuse_address(true), ec);
+  if (ec)
+    fail(ec);
+  core.acceptor.bind(endpoint, ec);
+  if (ec)
+    fail(ec);
+  core.acceptor.listen(asio::socket_base::max_listen_connections, ec);
+  if (ec)
+    fail(ec);
+  impl_->port = core.acceptor.local_endpoint(ec).port();
+  if (ec)
+    fail(ec);
+  core.accept();
+  impl_->thread = std::thread([&core] {
+    // Handlers catch what they expect; anything else is reported and the
+    // server keeps serving rather than taking the process down.
+    for (;;) {
+      try {
+        core.io.run();
+        return;
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "h2 metrics server: %s\n", e.what());
+      } catch (...) {
+        std::fprintf(stderr, "h2 metrics server: unknown exception\n");
+      }
+    }
+  });
+}
+
+// stop() throws only when called on the server thread (a bug) or when the
+// thread cannot be joined; a destructor can recover from neither.
+http_server::~http_server() { // NOLINT(bugprone-exception-escape)
+  stop();
+}
+
+std::uint16_t http_server::port() const noexcept {
+  return impl_->port;
+}
+
+void http_server::stop() {
+  std::lock_guard lock(impl_->stop_mutex);
+  if (impl_->stopped)
+    return;
+  H2_ENFORCE(std::this_thread::get_id() != impl_->thread.get_id(),
+             "http_server::stop() called from the server thread");
+  impl_->stopped = true;
+  impl_->core.io.stop();
+  if (impl_->thread.joinable())
+    impl_->thread.join();
+  impl_->core.shutdown();
+}
+
+} // namespace h2::metrics

@@ -1,0 +1,67 @@
+// A small HTTP/1.1 server for Prometheus scrapes (`GET /metrics`), on Asio.
+// Treats clients as hostile (DESIGN.md, "Trust"): bounded request heads,
+// deadlines on every connection, a cap on concurrent connections.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+
+namespace h2::metrics {
+
+/// Serves:
+/// - `GET /metrics`: 200, the body from the callback, `Content-Type:
+///   text/plain; version=0.0.4; charset=utf-8`;
+/// - `GET /`: 200, a small HTML page linking to /metrics;
+/// - other paths: 404; other methods than GET and HEAD: 405 (HEAD answers
+///   as GET without the body); a malformed request: 400; a request head over
+///   8 KiB: 431.
+/// Every response carries `Content-Length` and `Connection: close`. A client
+/// that has not sent a whole request head within 5 s is dropped; one that
+/// does not read its response within 30 s too. At most 64 connections are
+/// open at once; more are closed as soon as they are accepted.
+class http_server {
+public:
+  /// Bytes a request head (request line and headers) may take.
+  static constexpr std::size_t max_request_head_bytes = std::size_t{8} * 1024;
+  /// Time a client has to send its request head.
+  static constexpr std::chrono::seconds request_timeout{5};
+  /// Time a client has to read its response.
+  static constexpr std::chrono::seconds response_timeout{30};
+  /// Connections served at once.
+  static constexpr std::size_t max_connections = 64;
+
+  /// Binds `bind_address` (an IP literal or a host name that resolves) on
+  /// `port` (0: an ephemeral port, see port()) and starts serving on a
+  /// thread of its own. `metrics_body` is called on that thread for every
+  /// GET or HEAD /metrics; an exception from it becomes a 500 response.
+  /// Throws h2::error("cannot listen on 127.0.0.1:9400: <reason>") when the
+  /// address cannot be resolved or bound.
+  http_server(const std::string& bind_address, std::uint16_t port,
+              std::function<std::string()> metrics_body);
+
+  /// Stops (see stop()). Destroying the server from its own callback is a
+  /// bug that terminates the process.
+  ~http_server(); // NOLINT(bugprone-exception-escape)
+
+  http_server(const http_server&) = delete;
+  http_server& operator=(const http_server&) = delete;
+
+  /// The bound port (the one chosen by the system when constructed with 0).
+  std::uint16_t port() const noexcept;
+
+  /// Stops listening, closes every connection and joins the server thread;
+  /// returns once the callback is no longer running. Idempotent and safe
+  /// from any thread except the server thread itself (from the callback:
+  /// H2_ENFORCE).
+  void stop();
+
+private:
+  struct impl;
+  std::unique_ptr<impl> impl_;
+};
+
+} // namespace h2::metrics

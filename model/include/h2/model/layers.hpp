@@ -1,0 +1,78 @@
+// The GPT's layers: embedding, pre-LayerNorm transformer block, head. Each
+// global layer owns its parameters and their AdamW state, so a layer can move
+// between stages with everything it needs (DESIGN.md, step 5).
+//
+// Initial weights depend only on (seed, global layer index): every partition
+// of the model starts from the same weights.
+#pragma once
+
+#include "h2/core/model_config.hpp"
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace h2::model {
+
+/// One trainable tensor with its optimizer state.
+struct parameter {
+  std::string name;   ///< "block3.attn.qkv.weight"
+  at::Tensor value;   ///< fp32 master weight, requires_grad
+  bool decay = false; ///< weight decay applies (matrices, not biases/norms)
+  at::Tensor exp_avg;    ///< AdamW first moment (allocated on first step)
+  at::Tensor exp_avg_sq; ///< AdamW second moment (allocated on first step)
+};
+
+/// The tokens and targets of one micro-batch.
+struct micro_batch {
+  at::Tensor tokens;  ///< [sequences, seq_len] int64 inputs
+  at::Tensor targets; ///< [sequences, seq_len] int64 next tokens
+  /// Multiplies the summed token losses: 1 / tokens in the global batch,
+  /// so the step's loss is the mean over every token (DESIGN.md, "Loss").
+  double loss_scale = 1.0;
+};
+
+/// One global layer of the GPT.
+class layer {
+public:
+  virtual ~layer() = default;
+
+  /// Embedding: ignores `input`, embeds `mb.tokens` -> [B, T, d].
+  /// Block: [B, T, d] -> [B, T, d].
+  /// Head: [B, T, d] -> scalar loss (sum of token cross-entropies times
+  /// mb.loss_scale), computed in fp32.
+  virtual at::Tensor forward(const at::Tensor& input,
+                             const micro_batch& mb) = 0;
+
+  int index() const noexcept { return index_; }
+  layer_kind kind() const noexcept { return kind_; }
+  std::vector<parameter>& parameters() noexcept { return params_; }
+  const std::vector<parameter>& parameters() const noexcept {
+    return params_;
+  }
+
+  /// Number of scalar parameters.
+  std::int64_t parameter_count() const;
+
+protected:
+  layer(int index, layer_kind kind) : index_(index), kind_(kind) {}
+
+  /// Adds a parameter; returns its tensor.
+  at::Tensor& add(std::string name, at::Tensor value, bool decay);
+
+private:
+  int index_;
+  layer_kind kind_;
+  std::vector<parameter> params_;
+};
+
+/// Builds global layer `index` of `cfg` with weights drawn from
+/// (seed, index). Tensors are allocated on the calling thread (and so are
+/// charged to the chip bound to it).
+std::unique_ptr<layer> make_layer(const gpt_config& cfg, int index,
+                                  std::uint64_t seed);
+
+} // namespace h2::model

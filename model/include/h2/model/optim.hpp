@@ -1,0 +1,37 @@
+// AdamW, global gradient-norm clipping and the learning-rate schedule: what
+// any trainer offers (Megatron-LM, torchtitan). Per-parameter math only, so a
+// pipelined model updates exactly as the same model on one chip.
+#pragma once
+
+#include "h2/core/job.hpp"
+#include "h2/model/layers.hpp"
+
+#include <vector>
+
+namespace h2::model {
+
+/// Learning rate of `step` (0-based): linear warm-up to train.lr over
+/// warmup_steps, then cosine decay to min_lr over decay_steps (default: the
+/// remaining steps), then min_lr.
+double learning_rate(const train_config& train, int step) noexcept;
+
+/// Sum of squared gradient entries of one layer, accumulated in fp64
+/// parameter by parameter (0 for parameters without a gradient).
+double squared_grad_norm(const layer& l);
+
+/// The global gradient norm from per-layer squared norms in global layer
+/// order, summed in that order: every partition gets the same bits.
+double global_grad_norm(const std::vector<double>& squared_norms_in_order);
+
+/// The factor gradients are multiplied by: min(1, clip / (norm + 1e-6));
+/// 1 when clipping is off (clip == 0).
+double clip_coefficient(double grad_norm, double clip) noexcept;
+
+/// One AdamW update of every parameter of `l` (PyTorch's AdamW semantics,
+/// decoupled weight decay on `decay` parameters only). `step` is 1-based;
+/// gradients are first multiplied by `grad_scale` (the clip coefficient).
+/// Moments are allocated on first use, on the calling thread.
+void adamw_update(layer& l, const train_config& train, double lr, int step,
+                  double grad_scale);
+
+} // namespace h2::model

@@ -1,0 +1,47 @@
+// A pipeline stage: a contiguous range of global layers on one chip.
+#pragma once
+
+#include "h2/model/layers.hpp"
+
+#include <memory>
+#include <vector>
+
+namespace h2::model {
+
+class stage {
+public:
+  /// Builds layers [first_layer, end_layer) of `cfg` from `seed`, on the
+  /// calling thread.
+  stage(const gpt_config& cfg, int first_layer, int end_layer,
+        std::uint64_t seed);
+
+  /// Runs every layer of the stage. The first stage ignores `input` and
+  /// embeds mb.tokens; the last returns the scaled loss (a scalar).
+  at::Tensor forward(const at::Tensor& input, const micro_batch& mb);
+
+  int first_layer() const noexcept { return first_; }
+  int end_layer() const noexcept { return end_; }
+  bool has_embedding() const noexcept { return first_ == 0; }
+  bool has_head() const noexcept { return end_ == cfg_.num_layers(); }
+  const gpt_config& config() const noexcept { return cfg_; }
+
+  /// The stage's layers, in order.
+  const std::vector<std::unique_ptr<layer>>& layers() const noexcept {
+    return layers_;
+  }
+
+  /// Every parameter of the stage, layer by layer.
+  std::vector<parameter*> parameters();
+
+  /// Sets every gradient to undefined (frees it) before a step.
+  void zero_grad();
+
+  std::int64_t parameter_count() const;
+
+private:
+  gpt_config cfg_;
+  int first_, end_;
+  std::vector<std::unique_ptr<layer>> layers_;
+};
+
+} // namespace h2::model

@@ -1,0 +1,204 @@
+#include "h2/model/layers.hpp"
+
+#include "h2/core/error.hpp"
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/TensorOperators.h>
+#include <ATen/ops/cross_entropy_loss.h>
+#include <ATen/ops/embedding.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/gelu.h>
+#include <ATen/ops/layer_norm.h>
+#include <ATen/ops/linear.h>
+#include <ATen/ops/matmul.h>
+#include <ATen/ops/ones.h>
+#include <ATen/ops/softmax.h>
+#include <ATen/ops/zeros.h>
+
+#include <cmath>
+
+namespace h2::model {
+
+std::int64_t layer::parameter_count() const {
+  std::int64_t n = 0;
+  for (auto& p : params_)
+    n += p.value.numel();
+  return n;
+}
+
+at::Tensor& layer::add(std::string name, at::Tensor value, bool decay) {
+  value.set_requires_grad(true);
+  params_.push_back(parameter{std::move(name), std::move(value), decay, {},
+                              {}});
+  return params_.back().value;
+}
+
+namespace {
+
+/// SplitMix64: a well-mixed 64-bit seed from (seed, layer).
+std::uint64_t layer_seed(std::uint64_t seed, int index) {
+  std::uint64_t z = seed + 0x9e3779b97f4a7c15ULL * (index + 1);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  return z ^ (z >> 31);
+}
+
+/// Draws initial weights in a fixed order from the layer's own generator.
+class initializer {
+public:
+  initializer(std::uint64_t seed, int index)
+    : gen_(at::make_generator<at::CPUGeneratorImpl>(layer_seed(seed, index))) {
+  }
+
+  at::Tensor normal(at::IntArrayRef shape, double std) {
+    auto t = at::empty(shape, at::kFloat);
+    t.normal_(0.0, std, gen_);
+    return t;
+  }
+
+  static at::Tensor zeros(at::IntArrayRef shape) {
+    return at::zeros(shape, at::kFloat);
+  }
+
+  static at::Tensor ones(at::IntArrayRef shape) {
+    return at::ones(shape, at::kFloat);
+  }
+
+private:
+  at::Generator gen_;
+};
+
+// GPT-2's initialisation: N(0, 0.02) weights, residual projections scaled by
+// 1/sqrt(2 n_layer), zero biases, unit LayerNorm gains.
+constexpr double init_std = 0.02;
+
+class embedding_layer final : public layer {
+public:
+  embedding_layer(const gpt_config& cfg, int index, std::uint64_t seed)
+    : layer(index, layer_kind::embedding) {
+    initializer init(seed, index);
+    wte_ = add("embedding.wte", init.normal({cfg.vocab_size, cfg.d_model},
+                                            init_std),
+               true);
+    wpe_ = add("embedding.wpe", init.normal({cfg.seq_len, cfg.d_model},
+                                            init_std),
+               true);
+  }
+
+  at::Tensor forward(const at::Tensor&, const micro_batch& mb) override {
+    H2_ENFORCE(mb.tokens.defined() && mb.tokens.dim() == 2,
+               "embedding needs [B, T] tokens");
+    auto t = mb.tokens.size(1);
+    return at::embedding(wte_, mb.tokens) + wpe_.narrow(0, 0, t);
+  }
+
+private:
+  at::Tensor wte_, wpe_;
+};
+
+class block_layer final : public layer {
+public:
+  block_layer(const gpt_config& cfg, int index, std::uint64_t seed)
+    : layer(index, layer_kind::block), n_head_(cfg.n_head),
+      d_model_(cfg.d_model) {
+    initializer init(seed, index);
+    const std::int64_t d = cfg.d_model, f = cfg.d_ff;
+    const double proj_std = init_std / std::sqrt(2.0 * cfg.n_layer);
+    std::string p = "block" + std::to_string(index) + ".";
+    ln1_w_ = add(p + "ln1.weight", init.ones({d}), false);
+    ln1_b_ = add(p + "ln1.bias", init.zeros({d}), false);
+    qkv_w_ = add(p + "attn.qkv.weight", init.normal({3 * d, d}, init_std),
+                 true);
+    qkv_b_ = add(p + "attn.qkv.bias", init.zeros({3 * d}), false);
+    proj_w_ = add(p + "attn.proj.weight", init.normal({d, d}, proj_std), true);
+    proj_b_ = add(p + "attn.proj.bias", init.zeros({d}), false);
+    ln2_w_ = add(p + "ln2.weight", init.ones({d}), false);
+    ln2_b_ = add(p + "ln2.bias", init.zeros({d}), false);
+    fc1_w_ = add(p + "mlp.fc1.weight", init.normal({f, d}, init_std), true);
+    fc1_b_ = add(p + "mlp.fc1.bias", init.zeros({f}), false);
+    fc2_w_ = add(p + "mlp.fc2.weight", init.normal({d, f}, proj_std), true);
+    fc2_b_ = add(p + "mlp.fc2.bias", init.zeros({d}), false);
+  }
+
+  at::Tensor forward(const at::Tensor& x, const micro_batch&) override {
+    auto h = x + attention(at::layer_norm(x, {d_model_}, ln1_w_, ln1_b_));
+    auto m = at::layer_norm(h, {d_model_}, ln2_w_, ln2_b_);
+    m = at::linear(at::gelu(at::linear(m, fc1_w_, fc1_b_)), fc2_w_, fc2_b_);
+    return h + m;
+  }
+
+private:
+  at::Tensor attention(const at::Tensor& x) {
+    const auto b = x.size(0), t = x.size(1);
+    const std::int64_t hd = d_model_ / n_head_;
+    // [B, T, 3d] -> 3 x [B, H, T, hd]
+    auto qkv = at::linear(x, qkv_w_, qkv_b_)
+                 .view({b, t, 3, n_head_, hd})
+                 .permute({2, 0, 3, 1, 4});
+    auto q = qkv.select(0, 0), k = qkv.select(0, 1), v = qkv.select(0, 2);
+    auto scores = at::matmul(q, k.transpose(-2, -1)) /
+                  std::sqrt(static_cast<double>(hd));
+    scores = scores.masked_fill(causal_mask(t), -INFINITY);
+    auto y = at::matmul(at::softmax(scores, -1, scores.scalar_type()), v);
+    y = y.transpose(1, 2).reshape({b, t, d_model_});
+    return at::linear(y, proj_w_, proj_b_);
+  }
+
+  /// True above the diagonal: positions a token must not attend to.
+  const at::Tensor& causal_mask(std::int64_t t) {
+    if (!mask_.defined() || mask_.size(0) != t)
+      mask_ = at::ones({t, t}, at::kBool).triu(1);
+    return mask_;
+  }
+
+  std::int64_t n_head_, d_model_;
+  at::Tensor ln1_w_, ln1_b_, qkv_w_, qkv_b_, proj_w_, proj_b_;
+  at::Tensor ln2_w_, ln2_b_, fc1_w_, fc1_b_, fc2_w_, fc2_b_;
+  at::Tensor mask_;
+};
+
+class head_layer final : public layer {
+public:
+  head_layer(const gpt_config& cfg, int index, std::uint64_t seed)
+    : layer(index, layer_kind::head), d_model_(cfg.d_model),
+      vocab_(cfg.vocab_size) {
+    initializer init(seed, index);
+    ln_w_ = add("head.ln_f.weight", init.ones({cfg.d_model}), false);
+    ln_b_ = add("head.ln_f.bias", init.zeros({cfg.d_model}), false);
+    lm_w_ = add("head.lm_head.weight",
+                init.normal({cfg.vocab_size, cfg.d_model}, init_std), true);
+  }
+
+  at::Tensor forward(const at::Tensor& x, const micro_batch& mb) override {
+    H2_ENFORCE(mb.targets.defined(), "head needs targets");
+    auto logits = at::linear(at::layer_norm(x, {d_model_}, ln_w_, ln_b_),
+                             lm_w_);
+    // The loss in fp32 whatever the chip's dtype.
+    auto loss = at::cross_entropy_loss(logits.reshape({-1, vocab_})
+                                         .to(at::kFloat),
+                                       mb.targets.reshape({-1}), {},
+                                       at::Reduction::Sum);
+    return loss * mb.loss_scale;
+  }
+
+private:
+  std::int64_t d_model_, vocab_;
+  at::Tensor ln_w_, ln_b_, lm_w_;
+};
+
+} // namespace
+
+std::unique_ptr<layer> make_layer(const gpt_config& cfg, int index,
+                                  std::uint64_t seed) {
+  switch (kind_of_layer(cfg, index)) {
+    case layer_kind::embedding:
+      return std::make_unique<embedding_layer>(cfg, index, seed);
+    case layer_kind::block:
+      return std::make_unique<block_layer>(cfg, index, seed);
+    case layer_kind::head:
+      return std::make_unique<head_layer>(cfg, index, seed);
+  }
+  throw internal_error("unknown layer kind");
+}
+
+} // namespace h2::model

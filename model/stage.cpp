@@ -1,0 +1,45 @@
+#include "h2/model/stage.hpp"
+
+#include "h2/core/error.hpp"
+
+namespace h2::model {
+
+stage::stage(const gpt_config& cfg, int first_layer, int end_layer,
+             std::uint64_t seed)
+  : cfg_(cfg), first_(first_layer), end_(end_layer) {
+  H2_ENFORCE(0 <= first_layer && first_layer < end_layer &&
+               end_layer <= cfg.num_layers(),
+             "first=", first_layer, " end=", end_layer,
+             " layers=", cfg.num_layers());
+  for (int l = first_layer; l < end_layer; ++l)
+    layers_.push_back(make_layer(cfg, l, seed));
+}
+
+at::Tensor stage::forward(const at::Tensor& input, const micro_batch& mb) {
+  at::Tensor x = input;
+  for (auto& l : layers_)
+    x = l->forward(x, mb);
+  return x;
+}
+
+std::vector<parameter*> stage::parameters() {
+  std::vector<parameter*> out;
+  for (auto& l : layers_)
+    for (auto& p : l->parameters())
+      out.push_back(&p);
+  return out;
+}
+
+void stage::zero_grad() {
+  for (auto* p : parameters())
+    p->value.mutable_grad() = at::Tensor();
+}
+
+std::int64_t stage::parameter_count() const {
+  std::int64_t n = 0;
+  for (auto& l : layers_)
+    n += l->parameter_count();
+  return n;
+}
+
+} // namespace h2::model

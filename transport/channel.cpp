@@ -1,0 +1,62 @@
+#include "h2/transport/channel.hpp"
+
+#include <string>
+
+namespace h2::transport {
+
+std::uint64_t message::payload_bytes() const noexcept {
+  if (tensor.defined())
+    return static_cast<std::uint64_t>(tensor.numel()) * tensor.element_size();
+  return bytes.size();
+}
+
+bool pending_message::state::complete(message& m) {
+  {
+    std::lock_guard<std::mutex> guard(mutex);
+    if (value || failure)
+      return false;
+    value = std::move(m);
+  }
+  ready.notify_all();
+  return true;
+}
+
+void pending_message::state::fail(const transport_error& e) {
+  {
+    std::lock_guard<std::mutex> guard(mutex);
+    if (value || failure)
+      return;
+    failure = e;
+  }
+  ready.notify_all();
+}
+
+message pending_message::get(std::chrono::duration<double> timeout) {
+  H2_ENFORCE(state_ != nullptr, "pending_message used twice");
+  auto s = std::move(state_);
+  std::unique_lock<std::mutex> lock(s->mutex);
+  bool done = s->ready.wait_for(lock, timeout, [&] {
+    return s->value.has_value() || s->failure.has_value();
+  });
+  if (!done) {
+    // Mark it ended so a message arriving later is queued for the next
+    // receive of the tag instead of being delivered into the void.
+    s->failure = transport_error(transport_errc::timeout,
+                                 "no message with tag " +
+                                   std::to_string(s->tag) + " within " +
+                                   std::to_string(timeout.count()) + " s");
+    throw *s->failure;
+  }
+  if (s->failure)
+    throw *s->failure;
+  return std::move(*s->value);
+}
+
+bool pending_message::ready() const {
+  if (!state_)
+    return false;
+  std::lock_guard<std::mutex> guard(state_->mutex);
+  return state_->value.has_value() || state_->failure.has_value();
+}
+
+} // namespace h2::transport

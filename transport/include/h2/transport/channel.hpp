@@ -1,0 +1,117 @@
+// DiComm's channel (DESIGN.md, "Channel"): ordered, tagged, asynchronous
+// send/recv of tensors and byte buffers between two endpoints. Errors (peer
+// gone, timeout, corrupt frame) surface as transport_error at the waiting
+// call, never as a hang: every wait takes a timeout chosen by the caller.
+//
+// Backends (transport/<backend>/) implement the same interface: inproc
+// today; shm, tcp and rdma share it.
+#pragma once
+
+#include "h2/core/error.hpp"
+
+#include <ATen/core/Tensor.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string_view>
+#include <vector>
+
+namespace h2::transport {
+
+/// When the sender sent a frame, on both of its clocks (DESIGN.md: a
+/// receive completes at max(receiver clock, send clock + link time)).
+struct clock_stamp {
+  double virtual_seconds = 0;
+  double wall_seconds = 0;
+};
+
+/// One unit of transfer: a tag, the sender's clock, and a payload that is
+/// either a tensor or a byte buffer.
+struct message {
+  std::uint64_t tag = 0;
+  clock_stamp sent;
+  at::Tensor tensor;             ///< defined for tensor payloads
+  std::vector<std::byte> bytes;  ///< the payload otherwise
+
+  /// Bytes of the payload (tensor data or byte buffer).
+  std::uint64_t payload_bytes() const noexcept;
+};
+
+/// A receive in progress; get() waits for it. Movable, single use.
+class pending_message {
+public:
+  struct state; // shared with the channel that completes it
+
+  explicit pending_message(std::shared_ptr<state> s) : state_(std::move(s)) {}
+
+  /// Waits up to `timeout` for the message. Throws transport_error:
+  /// timeout, peer_closed, cancelled, corrupt_frame.
+  message get(std::chrono::duration<double> timeout);
+
+  /// True once get() would return or throw without waiting.
+  bool ready() const;
+
+private:
+  std::shared_ptr<state> state_;
+};
+
+/// Traffic through one end of a channel.
+struct channel_stats {
+  std::uint64_t messages_sent = 0;
+  std::uint64_t messages_received = 0;
+  std::uint64_t bytes_sent = 0;
+  std::uint64_t bytes_received = 0;
+};
+
+class channel {
+public:
+  virtual ~channel() = default;
+
+  /// Queues `m` for the peer; returns once the payload may be reused (the
+  /// in-process backend hands tensors over without copying, so the sender
+  /// must not modify a sent tensor in place). Throws transport_error
+  /// (peer_closed, cancelled).
+  virtual void send(message m) = 0;
+
+  /// Starts receiving the next message with `tag`. Messages of one tag
+  /// arrive in the order they were sent.
+  virtual pending_message recv_async(std::uint64_t tag) = 0;
+
+  /// recv_async(tag).get(timeout).
+  message recv(std::uint64_t tag, std::chrono::duration<double> timeout) {
+    return recv_async(tag).get(timeout);
+  }
+
+  /// Closes this end: its waiting and later calls fail with `cancelled`, the
+  /// peer's with `peer_closed`. Idempotent; callable from any thread.
+  virtual void close() noexcept = 0;
+
+  /// "inproc", "shm", "tcp", "rdma".
+  virtual std::string_view backend() const noexcept = 0;
+
+  virtual channel_stats stats() const = 0;
+};
+
+// ---------------------------------------------------------------------------
+// Shared by the backends: the completion state behind pending_message.
+
+struct pending_message::state {
+  std::mutex mutex;
+  std::condition_variable ready;
+  std::optional<message> value;
+  std::optional<transport_error> failure;
+  std::uint64_t tag = 0;
+
+  /// Delivers `m` unless the receive already ended (timed out, failed);
+  /// returns whether it was taken. `m` is left untouched when not taken.
+  bool complete(message& m);
+  /// Fails the receive unless it already ended.
+  void fail(const transport_error& e);
+};
+
+} // namespace h2::transport
