@@ -14,7 +14,7 @@ DEB_PACKAGES := \
   libcaf-dev libtorch-dev libopenblas0-openmp \
   libasio-dev libtomlplusplus-dev nlohmann-json3-dev libcli11-dev \
   libgtest-dev libgmock-dev libbenchmark-dev \
-  libibverbs-dev librdmacm-dev \
+  libibverbs-dev librdmacm-dev libamdhip64-dev \
   prometheus iproute2 procps
 
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)

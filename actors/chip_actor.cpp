@@ -64,6 +64,10 @@ caf::behavior chip_actor(caf::event_based_actor* self, worker_setup setup) {
       return state->with_worker(
         [&](stage_worker& w) { return w.run_eval(cmd); });
     },
+    [state](params_atom) {
+      return state->with_worker(
+        [&](stage_worker& w) { return w.parameters(); });
+    },
   };
 }
 

@@ -69,12 +69,22 @@ caf::error current_exception_error() {
     return make_error(code, e.what());
   } catch (const config_error& e) {
     return make_error(errc::bad_config, e.what());
+  } catch (const cancelled_error& e) {
+    return make_error(errc::cancelled, e.what());
   } catch (const internal_error& e) {
     return make_error(errc::internal, e.what());
   } catch (const std::exception& e) {
     return make_error(errc::failed, e.what());
   } catch (...) {
     return make_error(errc::failed, "unknown exception");
+  }
+}
+
+caf::error exception_error(const std::exception_ptr& e) {
+  try {
+    std::rethrow_exception(e);
+  } catch (...) {
+    return current_exception_error();
   }
 }
 

@@ -25,23 +25,30 @@ void register_types(caf::actor_system_config& cfg) {
   cfg.add_message_type<eval_command>("h2.eval_command");
   cfg.add_message_type<chip_eval_report>("h2.chip_eval_report");
   cfg.add_message_type<run_summary>("h2.run_summary");
+  cfg.add_message_type<parameter_values>("h2.parameter_values");
   cfg.add_error_category(error_category, render_error);
 }
 
 local_job::local_job(std::shared_ptr<const job_config> job, plan p)
-  : job_(std::move(job)), plan_(std::move(p)) {
+    : job_(std::move(job)), plan_(std::move(p)) {
+  if (plan_.replicas.size() != 1)
+    throw config_error("plan.replicas",
+                       std::to_string(plan_.replicas.size()) +
+                         " replicas: this release trains one pipeline "
+                         "replica (data-parallel replicas need DiComm's "
+                         "collectives)");
 }
 
 local_job::~local_job() = default;
 
 void local_job::abort() noexcept {
+  cancel_->cancel();
   std::lock_guard<std::mutex> guard(mutex_);
-  aborted_ = true;
   for (auto& ch : channels_)
     ch->close();
 }
 
-run_summary local_job::run(int steps, training_observer& observer,
+run_summary local_job::run(const run_options& opts, training_observer& observer,
                            std::shared_ptr<std::atomic<int>> stop) {
   caf::actor_system_config cfg;
   register_types(cfg);
@@ -68,8 +75,6 @@ run_summary local_job::run(int steps, training_observer& observer,
       std::lock_guard<std::mutex> guard(mutex_);
       channels_.push_back(links.back().first);
       channels_.push_back(links.back().second);
-      if (aborted_)
-        channels_.back()->close();
     }
     for (int s = 0; s < stages; ++s) {
       const auto& sp = r.stages[static_cast<std::size_t>(s)];
@@ -86,6 +91,7 @@ run_summary local_job::run(int steps, training_observer& observer,
       w.first_sequence = first_sequence;
       w.schedule = plan_.schedule;
       w.origin = origin;
+      w.cancel = cancel_;
       auto neighbour = [&](int n) {
         return job_->find_chip(r.stages[static_cast<std::size_t>(n)].chip);
       };
@@ -110,9 +116,22 @@ run_summary local_job::run(int steps, training_observer& observer,
   std::optional<failure> failed;
   {
     caf::scoped_actor self{system};
-    self->request(sched, caf::infinite, train_atom::value, steps)
+    self->request(sched, caf::infinite, train_atom::value, opts.steps)
       .receive([&](run_summary& s) { result = s; },
                [&](caf::error& e) { failed = to_failure(e); });
+    parameters_.clear();
+    if (!failed && opts.collect_parameters) {
+      // Chips of replica 0 come first, in stage (and so layer) order.
+      const auto stages = plan_.replicas.front().stages.size();
+      for (std::size_t i = 0; i < stages && !failed; ++i)
+        self->request(ctx->chips[i], caf::infinite, params_atom::value)
+          .receive(
+            [&](std::vector<parameter_values>& ps) {
+              for (auto& p : ps)
+                parameters_.push_back(std::move(p));
+            },
+            [&](caf::error& e) { failed = to_failure(e); });
+    }
     for (auto& chip : ctx->chips)
       self->send_exit(chip, caf::exit_reason::user_shutdown);
     self->send_exit(sched, caf::exit_reason::user_shutdown);

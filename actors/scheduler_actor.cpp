@@ -9,6 +9,8 @@
 #include <caf/response_promise.hpp>
 #include <caf/stateful_actor.hpp>
 
+#include <cmath>
+
 namespace h2::actors {
 
 struct scheduler_state {
@@ -46,9 +48,8 @@ void gather(self_ptr self, OnAll on_all, Ts... xs) {
     if (--p->outstanding != 0)
       return;
     if (!p->failures.empty()) {
-      self->state.done.deliver(
-        make_error(root_cause(p->failures).code, root_cause(p->failures)
-                                                   .message));
+      self->state.done.deliver(make_error(root_cause(p->failures).code,
+                                          root_cause(p->failures).message));
       return;
     }
     on_all(std::move(p->replies));
@@ -89,9 +90,9 @@ void on_updates(self_ptr self, double lr, double grad_norm, double clip,
                 const std::vector<chip_update_report>& updates) {
   auto& st = self->state;
   const job_config& job = *st.ctx->job;
-  auto summary = summarize_step(st.step, job.emulation.clock,
-                                job.tokens_per_step(), lr, grad_norm, clip,
-                                steps, updates);
+  auto summary =
+    summarize_step(st.step, job.emulation.clock, job.tokens_per_step(), lr,
+                   grad_norm, clip, steps, updates);
   st.virtual_barrier = summary.virtual_end;
   auto& s = st.summary;
   s.steps = st.step + 1;
@@ -121,8 +122,8 @@ void on_updates(self_ptr self, double lr, double grad_norm, double clip,
       double loss = 0;
       for (const auto& r : reports) {
         loss += r.loss;
-        st.virtual_barrier = std::max(st.virtual_barrier,
-                                      r.end.virtual_seconds);
+        st.virtual_barrier =
+          std::max(st.virtual_barrier, r.end.virtual_seconds);
       }
       st.summary.final_val_loss = loss;
       if (st.ctx->observer != nullptr)
@@ -136,13 +137,25 @@ void on_steps(self_ptr self, std::vector<chip_step_report> steps) {
   auto& st = self->state;
   const job_config& job = *st.ctx->job;
   double norm = grad_norm_of(steps);
+  if (!std::isfinite(norm)) {
+    // Applying it would turn every weight into NaN: stop, as Megatron does.
+    double loss = 0;
+    for (const auto& r : steps)
+      loss += r.loss;
+    st.done.deliver(make_error(
+      errc::failed, "step " + std::to_string(st.step + 1) +
+                      ": the global gradient norm is not finite (loss " +
+                      std::to_string(loss) +
+                      "); lower train.lr or enable train.grad_clip"));
+    return;
+  }
   double clip = model::clip_coefficient(norm, job.train.grad_clip);
   double lr = model::learning_rate(job.train, st.step);
   update_command cmd{st.step, lr, clip, virtual_phase_end(steps)};
   gather<chip_update_report>(
     self,
-    [self, lr, norm, clip, steps = std::move(steps)](
-      std::vector<chip_update_report> updates) {
+    [self, lr, norm, clip,
+     steps = std::move(steps)](std::vector<chip_update_report> updates) {
       on_updates(self, lr, norm, clip, steps, updates);
     },
     update_atom::value, cmd);
@@ -170,6 +183,13 @@ void next_step(self_ptr self) {
 
 caf::behavior scheduler_actor(self_ptr self, std::shared_ptr<run_context> ctx) {
   self->state.ctx = std::move(ctx);
+  // A bug that throws here must still answer the run's caller.
+  self->set_exception_handler([self](std::exception_ptr& e) {
+    auto err = exception_error(e);
+    if (self->state.done.pending())
+      self->state.done.deliver(err);
+    return err;
+  });
   return {
     [self](train_atom, int steps) -> caf::result<run_summary> {
       auto& st = self->state;

@@ -16,8 +16,11 @@ using transport::tag_kind;
 /// its ops, and what the step has measured so far.
 struct stage_worker::op_context {
   explicit op_context(int micro_batches)
-    : input(micro_batches), output(micro_batches), grad(micro_batches),
-      input_grad(micro_batches), batch(micro_batches) {}
+      : input(micro_batches),
+        output(micro_batches),
+        grad(micro_batches),
+        input_grad(micro_batches),
+        batch(micro_batches) {}
 
   std::vector<at::Tensor> input;      ///< received activations (leaves)
   std::vector<at::Tensor> output;     ///< stage outputs kept for backward
@@ -31,12 +34,14 @@ struct stage_worker::op_context {
 stage_worker::stage_worker(worker_setup setup) : setup_(std::move(setup)) {
   const job_config& job = *setup_.job;
   H2_ENFORCE(setup_.chip != nullptr, "worker without a chip");
-  device_ = devices::make_device(*setup_.chip, job.emulation, setup_.origin,
-                                 job.train.threads_per_chip);
+  device_ = devices::make_device(
+    *setup_.chip, job.emulation,
+    devices::chip_clock(job.emulation.clock, setup_.origin, setup_.cancel),
+    job.train.threads_per_chip);
   devices::thread_binding bind(*device_);
   const auto& a = setup_.assignment;
-  stage_ = std::make_unique<model::stage>(job.model, a.first_layer,
-                                          a.end_layer, job.seed);
+  stage_ = std::make_unique<model::stage>(job.model, a.first_layer, a.end_layer,
+                                          job.seed);
   if (stage_->has_embedding() || stage_->has_head())
     data_ = model::make_data_source(job);
   schedule_ = scheduler::make_schedule(setup_.schedule, setup_.stages,
@@ -61,6 +66,7 @@ void stage_worker::close_channels() noexcept {
 
 template <class F>
 auto stage_worker::guarded(F&& f) -> decltype(f()) {
+  const auto failures_before = device_->memory().failures();
   try {
     return f();
   } catch (const device_error&) {
@@ -72,11 +78,12 @@ auto stage_worker::guarded(F&& f) -> decltype(f()) {
   } catch (const c10::Error& e) {
     close_channels();
     // An out-of-memory raised inside an op may reach us wrapped by libtorch.
-    if (auto oom = device_->memory().last_failure(); !oom.empty())
-      throw device_error(device_errc::out_of_memory, oom);
+    if (device_->memory().failures() != failures_before)
+      throw device_error(device_errc::out_of_memory,
+                         device_->memory().last_failure());
     std::string what = e.what_without_backtrace();
-    throw h2::error("chip " + device_->describe() + ": libtorch: " +
-                    what.substr(0, what.find('\n')));
+    throw h2::error("chip " + device_->describe() +
+                    ": libtorch: " + what.substr(0, what.find('\n')));
   } catch (...) {
     close_channels();
     throw;
@@ -108,16 +115,16 @@ at::Tensor stage_worker::receive(transport::channel& ch,
                                  const chip_profile& peer, std::uint64_t tag,
                                  op_context& ctx, int micro_batch) {
   auto& clock = device_->clock();
-  double wait_start = clock.now();
+  double wait_start = clock.now(), v0 = clock.virtual_now();
   transport::message m = ch.recv(tag, timeout_);
   double link = device_->transfer_seconds(m.payload_bytes(), peer);
-  ctx.idle_seconds += clock.complete_receive(
-    wait_start, m.sent.virtual_seconds, m.sent.wall_seconds, link);
-  ctx.ops.push_back({static_cast<std::uint8_t>(transport::tag_kind_of(tag) ==
-                                                   tag_kind::gradient
-                                                 ? op_kind::recv_backward
-                                                 : op_kind::recv_forward),
-                     micro_batch, wait_start, clock.now()});
+  ctx.idle_seconds += clock.complete_receive(wait_start, m.sent.virtual_seconds,
+                                             m.sent.wall_seconds, link);
+  ctx.ops.push_back(
+    {static_cast<std::uint8_t>(transport::tag_kind_of(tag) == tag_kind::gradient
+                                 ? op_kind::recv_backward
+                                 : op_kind::recv_forward),
+     micro_batch, wait_start, clock.now(), clock.virtual_now() - v0});
   return device_->take(m.tensor);
 }
 
@@ -129,6 +136,11 @@ void stage_worker::send(transport::channel& ch, std::uint64_t tag,
   m.sent = {clock.virtual_now(), clock.wall_now()};
   m.tensor = t;
   ch.send(std::move(m));
+}
+
+void stage_worker::check_cancelled() const {
+  if (setup_.cancel && setup_.cancel->cancelled())
+    throw cancelled_error("chip " + device_->describe() + ": step aborted");
 }
 
 namespace {
@@ -174,15 +186,16 @@ chip_step_report stage_worker::run_step(const step_command& cmd) {
     const double forward_emulated = layer_seconds(devices::pass::forward);
     const double backward_emulated = layer_seconds(devices::pass::backward);
 
-    for (const auto& op : schedule_.ops[static_cast<std::size_t>(
-           setup_.stage)]) {
+    for (const auto& op :
+         schedule_.ops[static_cast<std::size_t>(setup_.stage)]) {
       const int mb = op.micro_batch;
       const auto i = static_cast<std::size_t>(mb);
+      check_cancelled();
       switch (op.kind) {
         case op_kind::recv_forward: {
-          auto t = receive(*setup_.prev, setup_.prev_profile,
-                           make_tag(tag_kind::activation, cmd.step, mb), ctx,
-                           mb);
+          auto t =
+            receive(*setup_.prev, setup_.prev_profile,
+                    make_tag(tag_kind::activation, cmd.step, mb), ctx, mb);
           t.set_requires_grad(true);
           ctx.input[i] = t;
           break;
@@ -190,9 +203,10 @@ chip_step_report stage_worker::run_step(const step_command& cmd) {
         case op_kind::forward: {
           if (data_)
             ctx.batch[i] = data_->batch(model::split::train, cmd.step,
-                                        setup_.first_sequence + mb * size,
-                                        size, loss_scale_);
-          double w0 = clock.wall_now(), t0 = clock.now();
+                                        setup_.first_sequence + mb * size, size,
+                                        loss_scale_);
+          double w0 = clock.wall_now(), t0 = clock.now(),
+                 v0 = clock.virtual_now();
           at::Tensor out;
           {
             devices::compute_scope scope(*device_);
@@ -202,10 +216,10 @@ chip_step_report stage_worker::run_step(const step_command& cmd) {
             out = stage_->forward(ctx.input[i], ctx.batch[i]);
           }
           device_->synchronize();
-          r.forward_seconds += device_->complete_op(w0,
-                                                    emulated(forward_emulated));
+          r.forward_seconds +=
+            device_->complete_op(w0, emulated(forward_emulated));
           ctx.ops.push_back({static_cast<std::uint8_t>(op_kind::forward), mb,
-                             t0, clock.now()});
+                             t0, clock.now(), clock.virtual_now() - v0});
           if (stage_->has_head())
             r.loss += out.item<double>();
           ctx.output[i] = out;
@@ -218,12 +232,13 @@ chip_step_report stage_worker::run_step(const step_command& cmd) {
             ctx.output[i] = at::Tensor(); // recomputed in the backward
           break;
         case op_kind::recv_backward:
-          ctx.grad[i] = receive(*setup_.next, setup_.next_profile,
-                                make_tag(tag_kind::gradient, cmd.step, mb),
-                                ctx, mb);
+          ctx.grad[i] =
+            receive(*setup_.next, setup_.next_profile,
+                    make_tag(tag_kind::gradient, cmd.step, mb), ctx, mb);
           break;
         case op_kind::backward: {
-          double w0 = clock.wall_now(), t0 = clock.now();
+          double w0 = clock.wall_now(), t0 = clock.now(),
+                 v0 = clock.virtual_now();
           at::Tensor out = std::move(ctx.output[i]);
           if (recompute) {
             devices::compute_scope scope(*device_);
@@ -245,7 +260,7 @@ chip_step_report stage_worker::run_step(const step_command& cmd) {
             seconds += forward_emulated;
           r.backward_seconds += device_->complete_op(w0, emulated(seconds));
           ctx.ops.push_back({static_cast<std::uint8_t>(op_kind::backward), mb,
-                             t0, clock.now()});
+                             t0, clock.now(), clock.virtual_now() - v0});
           break;
         }
         case op_kind::send_backward:
@@ -277,7 +292,7 @@ chip_update_report stage_worker::apply_update(const update_command& cmd) {
     devices::thread_binding bind(*device_);
     auto& clock = device_->clock();
     clock.advance_virtual_to(cmd.virtual_barrier);
-    double w0 = clock.wall_now(), t0 = clock.now();
+    double w0 = clock.wall_now(), t0 = clock.now(), v0 = clock.virtual_now();
     std::optional<double> emulated_seconds = 0.0;
     for (const auto& l : stage_->layers()) {
       model::adamw_update(*l, setup_.job->train, cmd.lr, cmd.step + 1,
@@ -293,8 +308,8 @@ chip_update_report stage_worker::apply_update(const update_command& cmd) {
     r.optimizer_seconds = device_->complete_op(w0, emulated_seconds);
     r.end = clocks();
     r.memory = memory_now();
-    r.op = {static_cast<std::uint8_t>(extra_op::optimizer), 0, t0,
-            clock.now()};
+    r.op = {static_cast<std::uint8_t>(extra_op::optimizer), 0, t0, clock.now(),
+            clock.virtual_now() - v0};
     return r;
   });
 }
@@ -319,11 +334,12 @@ chip_eval_report stage_worker::run_eval(const eval_command& cmd) {
     for (const auto& op : ops) {
       const int mb = op.micro_batch;
       const auto i = static_cast<std::size_t>(mb);
+      check_cancelled();
       const auto tag = make_tag(tag_kind::eval_activation, cmd.step, mb);
       switch (op.kind) {
         case op_kind::recv_forward:
-          ctx.input[i] = receive(*setup_.prev, setup_.prev_profile, tag, ctx,
-                                 mb);
+          ctx.input[i] =
+            receive(*setup_.prev, setup_.prev_profile, tag, ctx, mb);
           break;
         case op_kind::forward: {
           model::micro_batch batch;
@@ -356,6 +372,18 @@ chip_eval_report stage_worker::run_eval(const eval_command& cmd) {
     r.end = clocks();
     return r;
   });
+}
+
+std::vector<parameter_values> stage_worker::parameters() const {
+  std::vector<parameter_values> out;
+  for (const auto& l : stage_->layers())
+    for (const auto& p : l->parameters()) {
+      auto t = p.value.detach().contiguous();
+      const float* data = t.data_ptr<float>();
+      out.push_back(
+        {p.name, t.sizes().vec(), std::vector<float>(data, data + t.numel())});
+    }
+  return out;
 }
 
 setup_report stage_worker::ready_report() const {

@@ -54,6 +54,7 @@ int launch(const options& opt) {
   } else {
     p = scheduler::make_plan(*job);
   }
+  actors::local_job local(job, p);
 
   metrics::registry registry;
   std::unique_ptr<metrics::http_server> server;
@@ -80,13 +81,19 @@ int launch(const options& opt) {
   ro.trace = opt.trace;
   apps::reporter reporter(*job, ro, serve ? &registry : nullptr);
 
-  actors::local_job local(job, p);
   apps::signal_watcher signals([&local] { local.abort(); });
   actors::run_summary summary;
   try {
-    summary = local.run(job->train.steps, reporter, signals.stop_flag());
+    summary =
+      local.run({job->train.steps, false}, reporter, signals.stop_flag());
   } catch (const actors::run_error& e) {
-    if (signals.signal() != 0 && e.code() == actors::errc::cancelled) {
+    // The abort closes every channel: chips see their own end closed
+    // (cancelled) or their neighbour's (peer_lost, which root_cause ranks
+    // first). Either is the abort, not a failure of training.
+    bool aborted = signals.stop_flag()->load() >= 2 &&
+                   (e.code() == actors::errc::cancelled ||
+                    e.code() == actors::errc::peer_lost);
+    if (aborted) {
       std::cerr << "h2-launch: aborted by signal " << signals.signal()
                 << std::endl;
       return apps::exit_signal_base + signals.signal();
@@ -109,7 +116,7 @@ int main(int argc, char** argv) {
   cli.add_option("job", opt.job_path, "Job file (TOML)")
     ->check(CLI::ExistingFile);
   cli.add_option("--steps", opt.steps, "Steps to train (default: train.steps)")
-    ->check(CLI::PositiveNumber);
+    ->check(CLI::Range(1, 1 << 30));
   cli.add_option("--json-log", opt.json_log,
                  "Write one JSON object per step (and eval) to FILE");
   cli.add_option("--trace", opt.trace,
@@ -118,17 +125,23 @@ int main(int argc, char** argv) {
   cli.add_option("--plan", opt.plan_path,
                  "Use this plan (JSON, as h2-plan --json prints) instead of "
                  "the job's [plan]");
-  cli.add_option("--metrics-port", opt.metrics_port,
-                 "Serve /metrics on this port (0: any free port; default: "
-                 "metrics.port of the job)")
+  cli
+    .add_option("--metrics-port", opt.metrics_port,
+                "Serve /metrics on this port (0: any free port; default: "
+                "metrics.port of the job)")
     ->check(CLI::Range(0, 65535));
   cli.add_flag("--no-metrics", opt.no_metrics, "Serve no metrics");
   cli.add_flag("-q,--quiet", opt.quiet, "No per-step progress lines");
-  try {
-    cli.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    int rc = cli.exit(e);
-    return rc == 0 ? 0 : apps::exit_bad_input;
-  }
-  return apps::run_app("h2-launch", [&] { return launch(opt); });
+  return apps::run_app("h2-launch", [&] {
+    try {
+      cli.parse(argc, argv);
+    } catch (const CLI::ParseError& e) {
+      if (e.get_exit_code() == 0) // --help
+        return cli.exit(e);
+      // One line like every other bad input (CLI11's own report adds a
+      // second line, "Run with --help ...").
+      throw config_error("", std::string(e.what()) + " (see --help)");
+    }
+    return launch(opt);
+  });
 }

@@ -39,7 +39,7 @@ std::string op_name(std::uint8_t kind) {
 
 reporter::reporter(const job_config& job, reporter_options options,
                    metrics::registry* registry)
-  : job_(job), options_(std::move(options)), registry_(registry) {
+    : job_(job), options_(std::move(options)), registry_(registry) {
   if (!options_.json_log.empty()) {
     json_.open(options_.json_log, std::ios::trunc);
     if (!json_)
@@ -64,31 +64,32 @@ void reporter::on_setup(const plan& p,
   for (const auto& r : chips)
     report_of[r.chip] = &r;
   std::FILE* out = options_.out;
-  std::fprintf(out, "h2: job \"%s\": %lld-parameter GPT, %d layers, %s "
-                    "schedule, %s clock\n",
-               job_.name.c_str(),
-               static_cast<long long>(model_parameters(job_.model)),
-               job_.model.num_layers(), std::string(to_string(p.schedule)).c_str(),
-               std::string(to_string(job_.emulation.clock)).c_str());
+  std::fprintf(
+    out,
+    "h2: job \"%s\": %lld-parameter GPT, %d layers, %s "
+    "schedule, %s clock\n",
+    job_.name.c_str(), static_cast<long long>(model_parameters(job_.model)),
+    job_.model.num_layers(), std::string(to_string(p.schedule)).c_str(),
+    std::string(to_string(job_.emulation.clock)).c_str());
   for (std::size_t ri = 0; ri < p.replicas.size(); ++ri) {
     const auto& r = p.replicas[ri];
-    std::fprintf(out, "h2: replica %zu: %d micro-batches of %d sequences\n",
-                 ri, r.micro_batches, r.micro_batch_size);
+    std::fprintf(out, "h2: replica %zu: %d micro-batches of %d sequences\n", ri,
+                 r.micro_batches, r.micro_batch_size);
     for (std::size_t s = 0; s < r.stages.size(); ++s) {
       const auto& st = r.stages[s];
       stage_of_[st.chip] = static_cast<int>(s);
       const chip_spec* c = job_.find_chip(st.chip);
       auto rep = report_of.find(st.chip);
       std::fprintf(
-        out, "h2:   stage %zu  chip %-5s %-22s %-4s layers [%2d, %2d)%s  "
-             "%s of %s\n",
+        out,
+        "h2:   stage %zu  chip %-5s %-22s %-4s layers [%2d, %2d)%s  "
+        "%s of %s\n",
         s, st.chip.to_string().c_str(), c->device.c_str(),
         std::string(to_string(c->compute_dtype)).c_str(), st.first_layer,
         st.end_layer, st.recompute ? " recompute" : "",
-        rep == report_of.end() ? "?"
-                               : human_bytes(static_cast<double>(
-                                               rep->second->memory.used))
-                                   .c_str(),
+        rep == report_of.end()
+          ? "?"
+          : human_bytes(static_cast<double>(rep->second->memory.used)).c_str(),
         rep == report_of.end()
           ? "?"
           : human_bytes(static_cast<double>(rep->second->memory.capacity))
@@ -126,18 +127,16 @@ void reporter::update_metrics(const actors::step_summary& s) {
     .inc(static_cast<double>(job_.tokens_per_step()));
   r.get_gauge("h2_step_seconds", "Duration of the last step (run clock).")
     .set(s.step_seconds);
-  r.get_histogram("h2_step_duration_seconds",
-                  "Step durations (run clock).",
-                  {0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10,
-                   30, 60})
+  r.get_histogram(
+     "h2_step_duration_seconds", "Step durations (run clock).",
+     {0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60})
     .observe(s.step_seconds);
   r.get_gauge("h2_tokens_per_second", "Throughput of the last step.")
     .set(s.tokens_per_second);
   r.get_gauge("h2_loss", "Training loss of the last step (mean per token, "
                          "nats).")
     .set(s.loss);
-  r.get_gauge("h2_learning_rate", "Learning rate of the last step.")
-    .set(s.lr);
+  r.get_gauge("h2_learning_rate", "Learning rate of the last step.").set(s.lr);
   r.get_gauge("h2_grad_norm", "Global gradient norm of the last step, "
                               "before clipping.")
     .set(s.grad_norm);
@@ -156,8 +155,7 @@ void reporter::update_metrics(const actors::step_summary& s) {
                   "Time the chip spent in optimizer updates.", labels)
       .inc(c.optimizer_seconds);
     r.get_counter("h2_chip_idle_seconds_total",
-                  "Time the chip waited in the forward/backward phase.",
-                  labels)
+                  "Time the chip waited in the forward/backward phase.", labels)
       .inc(c.idle_seconds);
     r.get_gauge("h2_chip_memory_used_bytes",
                 "Memory the chip holds after its last step.", labels)
@@ -188,8 +186,7 @@ void reporter::update_metrics(const actors::step_summary& s) {
 
 void reporter::trace_step(const actors::step_summary& s) {
   for (const auto& t : s.ops) {
-    nlohmann::json args = {{"step", s.step},
-                           {"micro_batch", t.op.micro_batch}};
+    nlohmann::json args = {{"step", s.step}, {"micro_batch", t.op.micro_batch}};
     std::string name = op_name(t.op.kind);
     bool wait = name.rfind("recv", 0) == 0;
     trace_->complete(wait ? "wait " + name.substr(5) : name,
@@ -234,8 +231,8 @@ void reporter::on_step(const actors::step_summary& s) {
                  "step %5d/%d | loss %.4f | lr %.2e | %9.0f tok/s | step "
                  "%.4f s | bubble %5.1f%% | grad norm %.3f\n",
                  s.step + 1, options_.total_steps, s.loss, s.lr,
-                 s.tokens_per_second, s.step_seconds,
-                 100.0 * s.bubble_fraction, s.grad_norm);
+                 s.tokens_per_second, s.step_seconds, 100.0 * s.bubble_fraction,
+                 s.grad_norm);
     std::fflush(options_.out);
   }
 }
@@ -254,9 +251,11 @@ void reporter::on_eval(int step, double val_loss) {
                .dump()
           << '\n'
           << std::flush;
-  std::fprintf(options_.out, "eval after step %d | val loss %.4f\n", step + 1,
-               val_loss);
-  std::fflush(options_.out);
+  if (!options_.quiet) {
+    std::fprintf(options_.out, "eval after step %d | val loss %.4f\n", step + 1,
+                 val_loss);
+    std::fflush(options_.out);
+  }
 }
 
 void reporter::finish(const actors::run_summary& s) {
@@ -271,8 +270,9 @@ void reporter::finish(const actors::run_summary& s) {
                100.0 * s.mean_bubble_fraction,
                std::string(to_string(job_.emulation.clock)).c_str());
   if (job_.emulation.clock == clock_mode::wall && s.virtual_seconds > 0)
-    std::fprintf(out, "h2: wall time %.2f s for %.2f s of emulated time "
-                      "(ratio %.3f)\n",
+    std::fprintf(out,
+                 "h2: wall time %.2f s for %.2f s of emulated time "
+                 "(ratio %.3f)\n",
                  s.wall_seconds, s.virtual_seconds,
                  s.wall_seconds / s.virtual_seconds);
   if (json_.is_open())

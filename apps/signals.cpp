@@ -24,8 +24,9 @@ void block_stop_signals() {
 }
 
 signal_watcher::signal_watcher(std::function<void()> on_abort, bool announce)
-  : stop_(std::make_shared<std::atomic<int>>(0)),
-    on_abort_(std::move(on_abort)), announce_(announce) {
+    : stop_(std::make_shared<std::atomic<int>>(0)),
+      on_abort_(std::move(on_abort)),
+      announce_(announce) {
   thread_ = std::thread([this] {
     sigset_t set = stop_signals();
     // Polls so the destructor can end the thread without a signal of its own.

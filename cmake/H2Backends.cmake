@@ -40,26 +40,22 @@ endif()
 h2_resolve_backend(H2_WITH_CUDA "${_cuda_found}" "the CUDA toolkit (cudart)"
                    H2_HAS_CUDA)
 
-# HIP: CMake's HIP language does not work with Debian's layout; the host API
-# (hip::host) is all the device context needs.
+# HIP: the host API (headers + libamdhip64) is all the device context needs.
+# Neither CMake's HIP language nor hip-config.cmake work with Debian's layout
+# (the latter insists on hipcc), so look for the files themselves.
 set(_hip_found FALSE)
 if(NOT H2_WITH_HIP STREQUAL "OFF")
-  find_package(hip QUIET CONFIG PATHS /opt/rocm /usr)
-  if(hip_FOUND AND TARGET hip::host)
+  find_path(H2_HIP_INCLUDE_DIR hip/hip_runtime_api.h
+            HINTS /opt/rocm/include)
+  find_library(H2_HIP_LIBRARY amdhip64 HINTS /opt/rocm/lib)
+  if(H2_HIP_INCLUDE_DIR AND H2_HIP_LIBRARY)
+    add_library(h2_hip_host INTERFACE)
+    add_library(h2::hip_host ALIAS h2_hip_host)
+    target_include_directories(h2_hip_host SYSTEM INTERFACE
+                               ${H2_HIP_INCLUDE_DIR})
+    target_link_libraries(h2_hip_host INTERFACE ${H2_HIP_LIBRARY})
+    target_compile_definitions(h2_hip_host INTERFACE __HIP_PLATFORM_AMD__)
     set(_hip_found TRUE)
-  else()
-    # Debian's libamdhip64-dev: headers and library without a usable config.
-    find_path(H2_HIP_INCLUDE_DIR hip/hip_runtime_api.h)
-    find_library(H2_HIP_LIBRARY amdhip64)
-    if(H2_HIP_INCLUDE_DIR AND H2_HIP_LIBRARY)
-      add_library(h2_hip_host INTERFACE)
-      target_include_directories(h2_hip_host SYSTEM INTERFACE
-                                 ${H2_HIP_INCLUDE_DIR})
-      target_link_libraries(h2_hip_host INTERFACE ${H2_HIP_LIBRARY})
-      target_compile_definitions(h2_hip_host INTERFACE __HIP_PLATFORM_AMD__)
-      add_library(hip::host ALIAS h2_hip_host)
-      set(_hip_found TRUE)
-    endif()
   endif()
 endif()
 h2_resolve_backend(H2_WITH_HIP "${_hip_found}" "the HIP runtime (amdhip64)"

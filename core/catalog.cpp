@@ -16,10 +16,10 @@ namespace {
 double positive(table_reader& t, std::string_view key, bool allow_zero) {
   double v = t.required<double>(key);
   if (!std::isfinite(v) || v < 0 || (!allow_zero && v == 0))
-    throw config_error(t.path(key), "expected a " +
-                                      std::string(allow_zero ? "non-negative"
-                                                             : "positive") +
-                                      " number, got " + std::to_string(v));
+    throw config_error(t.path(key),
+                       "expected a " +
+                         std::string(allow_zero ? "non-negative" : "positive") +
+                         " number, got " + std::to_string(v));
   return v;
 }
 
@@ -46,8 +46,8 @@ chip_profile read_profile(table_reader& t, const std::string& name) {
   peaks.finish();
   if (p.peak_tflops_fp32 == 0 && p.peak_tflops_bf16 == 0)
     throw config_error(peaks.path(), "needs a non-zero fp32 or bf16 peak");
-  p.memory_bytes = static_cast<std::uint64_t>(
-    positive(t, "memory_gib", false) * 1024.0 * 1024.0 * 1024.0);
+  p.memory_bytes = static_cast<std::uint64_t>(positive(t, "memory_gib", false) *
+                                              1024.0 * 1024.0 * 1024.0);
   p.memory_bandwidth_bytes_per_second =
     positive(t, "memory_bandwidth_gb_per_s", false) * 1e9;
   p.interconnect_bytes_per_second =
@@ -56,17 +56,17 @@ chip_profile read_profile(table_reader& t, const std::string& name) {
   if (auto e = t.maybe_table("emulation")) {
     emulation_params d;
     auto& em = p.emulation;
-    em.max_efficiency = optional_positive(*e, "max_efficiency",
-                                          d.max_efficiency);
+    em.max_efficiency =
+      optional_positive(*e, "max_efficiency", d.max_efficiency);
     if (em.max_efficiency > 1)
       throw config_error(e->path("max_efficiency"),
                          "expected a fraction in (0, 1]");
-    em.half_efficiency_rows = optional_positive(*e, "half_efficiency_rows",
-                                                d.half_efficiency_rows);
-    em.op_overhead_seconds = optional_positive(*e, "op_overhead_seconds",
-                                               d.op_overhead_seconds);
-    em.link_latency_seconds = optional_positive(*e, "link_latency_seconds",
-                                                d.link_latency_seconds);
+    em.half_efficiency_rows =
+      optional_positive(*e, "half_efficiency_rows", d.half_efficiency_rows);
+    em.op_overhead_seconds =
+      optional_positive(*e, "op_overhead_seconds", d.op_overhead_seconds);
+    em.link_latency_seconds =
+      optional_positive(*e, "link_latency_seconds", d.link_latency_seconds);
     e->finish();
   }
   t.finish();
@@ -76,22 +76,14 @@ chip_profile read_profile(table_reader& t, const std::string& name) {
 } // namespace detail
 
 const catalog& catalog::builtin() {
-  static const catalog instance = parse(builtin_catalog_toml,
-                                        "built-in catalog");
+  static const catalog instance =
+    parse(builtin_catalog_toml, "built-in catalog");
   return instance;
 }
 
 catalog catalog::parse(std::string_view toml_text, const std::string& origin,
                        const std::string& key_prefix) {
-  toml::table root;
-  try {
-    root = toml::parse(toml_text, origin);
-  } catch (const toml::parse_error& e) {
-    throw config_error("", origin + ":" +
-                             std::to_string(e.source().begin.line) + ":" +
-                             std::to_string(e.source().begin.column) + ": " +
-                             std::string(e.description()));
-  }
+  toml::table root = detail::parse_toml(toml_text, origin);
   catalog result;
   detail::table_reader top(root, key_prefix);
   top.mark_all_used();

@@ -10,8 +10,7 @@ std::string chip_id::to_string() const {
 
 std::optional<chip_id> chip_id::parse(std::string_view text) {
   auto colon = text.find(':');
-  if (colon == std::string_view::npos || colon == 0 ||
-      colon + 1 == text.size())
+  if (colon == std::string_view::npos || colon == 0 || colon + 1 == text.size())
     return std::nullopt;
   auto parse_int = [](std::string_view s, int& out) {
     auto [ptr, ec] = std::from_chars(s.data(), s.data() + s.size(), out);

@@ -3,8 +3,8 @@
 namespace h2 {
 
 config_error::config_error(std::string key_path, const std::string& message)
-  : error(key_path.empty() ? message : key_path + ": " + message),
-    key_path_(std::move(key_path)) {
+    : error(key_path.empty() ? message : key_path + ": " + message),
+      key_path_(std::move(key_path)) {
 }
 
 std::string_view to_string(transport_errc code) noexcept {
@@ -29,8 +29,8 @@ namespace detail {
 
 void enforce_failed(const char* file, int line, const char* condition,
                     const std::string& details) {
-  std::string msg = concat("internal error: ", condition, " failed at ", file,
-                           ":", line);
+  std::string msg =
+    concat("internal error: ", condition, " failed at ", file, ":", line);
   if (!details.empty())
     msg += " (" + details + ")";
   throw internal_error(msg);

@@ -94,6 +94,9 @@ namespace {
 
 using detail::table_reader;
 
+/// The Markov source keeps a dense states x states matrix (128 MiB here).
+constexpr int max_markov_states = 4096;
+
 int positive_int(table_reader& t, std::string_view key,
                  std::optional<int> fallback = std::nullopt, int min = 1) {
   auto v = t.maybe<std::int64_t>(key);
@@ -103,9 +106,9 @@ int positive_int(table_reader& t, std::string_view key,
     throw config_error(t.path(key), "missing required key");
   }
   if (*v < min || *v > (1LL << 30))
-    throw config_error(t.path(key), "expected an integer >= " +
-                                      std::to_string(min) + ", got " +
-                                      std::to_string(*v));
+    throw config_error(t.path(key),
+                       "expected an integer >= " + std::to_string(min) +
+                         ", got " + std::to_string(*v));
   return static_cast<int>(*v);
 }
 
@@ -117,8 +120,8 @@ double number_in(table_reader& t, std::string_view key, double fallback,
   bool ok = std::isfinite(*v) && (lo_open ? *v > lo : *v >= lo) && *v <= hi;
   if (!ok) {
     std::ostringstream msg;
-    msg << "expected a number in " << (lo_open ? "(" : "[") << lo << ", "
-        << hi << "], got " << *v;
+    msg << "expected a number in " << (lo_open ? "(" : "[") << lo << ", " << hi
+        << "], got " << *v;
     throw config_error(t.path(key), msg.str());
   }
   return *v;
@@ -158,31 +161,34 @@ void read_model(table_reader& root, job_config& job) {
   m.n_layer = positive_int(t, "n_layer");
   m.d_ff = positive_int(t, "d_ff", 4 * m.d_model);
   if (m.d_model % m.n_head != 0)
-    throw config_error(t.path("n_head"),
-                       std::to_string(m.n_head) + " does not divide "
-                         "model.d_model = " + std::to_string(m.d_model));
+    throw config_error(t.path("n_head"), std::to_string(m.n_head) +
+                                           " does not divide "
+                                           "model.d_model = " +
+                                           std::to_string(m.d_model));
   t.finish();
 }
 
 void read_data(table_reader& root, job_config& job) {
   auto t = root.required_table("data");
   auto& d = job.data;
-  d.source = enum_value(t, "source", source_kind::markov,
-                        "\"markov\", \"tokens\"",
-                        [](const std::string& s) -> std::optional<source_kind> {
-                          if (s == "markov")
-                            return source_kind::markov;
-                          if (s == "tokens")
-                            return source_kind::tokens;
-                          return std::nullopt;
-                        });
+  d.source =
+    enum_value(t, "source", source_kind::markov, "\"markov\", \"tokens\"",
+               [](const std::string& s) -> std::optional<source_kind> {
+                 if (s == "markov")
+                   return source_kind::markov;
+                 if (s == "tokens")
+                   return source_kind::tokens;
+                 return std::nullopt;
+               });
   if (d.source == source_kind::markov) {
     // The chain runs over vocab_size - 1 states; the last id is BOS.
     int states = job.model.vocab_size - 1;
-    if (states < 2)
+    if (states < 2 || states > max_markov_states)
       throw config_error("model.vocab_size",
-                         "a Markov source needs vocab_size >= 3 (states + "
-                         "BOS)");
+                         "a Markov source needs vocab_size in [3, " +
+                           std::to_string(max_markov_states + 1) +
+                           "] (states + BOS; its transition matrix is "
+                           "states x states)");
     double max_h = std::log(static_cast<double>(states));
     if (!t.has("entropy_rate"))
       throw config_error(t.path("entropy_rate"),
@@ -191,8 +197,7 @@ void read_data(table_reader& root, job_config& job) {
     d.entropy_rate = number_in(t, "entropy_rate", 0, 0, max_h, true);
     if (d.entropy_rate >= max_h)
       throw config_error(t.path("entropy_rate"),
-                         "must be below ln(states) = " +
-                           std::to_string(max_h));
+                         "must be below ln(states) = " + std::to_string(max_h));
   } else {
     d.train_path = t.required<std::string>("train");
     d.val_path = t.optional<std::string>("val", "");
@@ -281,7 +286,8 @@ chip_spec read_chip(const toml::node& node, const std::string& path,
   std::string where = node.is_table() ? path + ".device" : path;
   auto colon = c.device.find(':');
   std::string kind = c.device.substr(0, colon);
-  std::string arg = colon == std::string::npos ? "" : c.device.substr(colon + 1);
+  std::string arg =
+    colon == std::string::npos ? "" : c.device.substr(colon + 1);
   if (kind == "cpu" && arg.empty()) {
     c.backend = device_backend::cpu;
     c.profile = host_cpu_profile();
@@ -299,13 +305,9 @@ chip_spec read_chip(const toml::node& node, const std::string& path,
   } else if (kind == "cuda" || kind == "hip") {
     c.backend = kind == "cuda" ? device_backend::cuda : device_backend::hip;
     int index = -1;
-    try {
-      std::size_t used = 0;
-      index = std::stoi(arg, &used);
-      if (used != arg.size())
-        index = -1;
-    } catch (const std::exception&) {
-    }
+    if (!arg.empty() && arg.size() <= 4 &&
+        arg.find_first_not_of("0123456789") == std::string::npos)
+      index = std::stoi(arg);
     if (index < 0)
       throw config_error(where, "expected " + kind + ":<device index>, got \"" +
                                   c.device + "\"");
@@ -321,14 +323,14 @@ chip_spec read_chip(const toml::node& node, const std::string& path,
   // Default dtype: bf16 where the chip has a bf16 peak (mixed precision, as
   // LLM training runs), fp32 otherwise and on the host CPU.
   bool emulated = c.backend == device_backend::emulated;
-  c.compute_dtype = emulated && c.profile.peak_tflops_bf16 > 0 ? dtype::bf16
-                                                               : dtype::fp32;
+  c.compute_dtype =
+    emulated && c.profile.peak_tflops_bf16 > 0 ? dtype::bf16 : dtype::fp32;
   if (dtype_name) {
     auto d = parse_dtype(*dtype_name);
     if (!d || *d == dtype::fp16)
       throw config_error(dtype_path,
-                         "expected \"fp32\" or \"bf16\", got \"" +
-                           *dtype_name + "\"" +
+                         "expected \"fp32\" or \"bf16\", got \"" + *dtype_name +
+                           "\"" +
                            (d ? " (fp16 training needs loss scaling, which "
                                 "H2 does not do; use bf16)"
                               : ""));
@@ -362,9 +364,8 @@ void read_nodes(table_reader& root, job_config& job) {
                          "[\"emulated:h100-sxm\"]");
     int index = 0;
     for (const toml::node& c : *chips) {
-      auto chip = read_chip(c, t.path("chips") + "[" + std::to_string(index) +
-                                 "]",
-                            job);
+      auto chip =
+        read_chip(c, t.path("chips") + "[" + std::to_string(index) + "]", job);
       chip.id = chip_id{rank, index};
       node.chips.push_back(std::move(chip));
       ++index;
@@ -410,10 +411,9 @@ void read_plan(table_reader& root, job_config& job) {
                           return plan_mode::manual;
                         return std::nullopt;
                       });
-  p.schedule = enum_value(*t, "schedule", p.schedule, "\"gpipe\", \"1f1b\"",
-                          [](const std::string& s) {
-                            return parse_schedule_kind(s);
-                          });
+  p.schedule =
+    enum_value(*t, "schedule", p.schedule, "\"gpipe\", \"1f1b\"",
+               [](const std::string& s) { return parse_schedule_kind(s); });
   if (const toml::array* a = t->maybe_array("stages")) {
     if (a->empty())
       throw config_error(t->path("stages"), "expected at least one chip id");
@@ -448,8 +448,10 @@ void read_plan(table_reader& root, job_config& job) {
     }
     if (sum != layers)
       throw config_error(t->path("layers"),
-                         "sums to " + std::to_string(sum) + " but the model "
-                         "has " + std::to_string(layers) + " layers (" +
+                         "sums to " + std::to_string(sum) +
+                           " but the model "
+                           "has " +
+                           std::to_string(layers) + " layers (" +
                            "embedding + " + std::to_string(job.model.n_layer) +
                            " blocks + head)");
   } else {
@@ -457,9 +459,11 @@ void read_plan(table_reader& root, job_config& job) {
       throw config_error(t->path("layers"),
                          "only allowed with plan.mode = \"manual\"");
     if (stages > layers)
-      throw config_error(t->path("stages"),
-                         std::to_string(stages) + " stages but the model has "
-                         "only " + std::to_string(layers) + " layers");
+      throw config_error(t->path("stages"), std::to_string(stages) +
+                                              " stages but the model has "
+                                              "only " +
+                                              std::to_string(layers) +
+                                              " layers");
   }
   if (const toml::array* r = t->maybe_array("recompute")) {
     if (static_cast<int>(r->size()) != stages)
@@ -491,8 +495,8 @@ void read_transport(table_reader& root, job_config& job) {
   auto t = root.maybe_table("transport");
   if (!t)
     return;
-  job.transport.timeout_seconds = number_in(*t, "timeout_seconds", 60, 0,
-                                            86400, true);
+  job.transport.timeout_seconds =
+    number_in(*t, "timeout_seconds", 60, 0, 86400, true);
   t->finish();
 }
 
@@ -512,15 +516,7 @@ void read_profiles(table_reader& root, job_config& job) {
 } // namespace
 
 job_config parse_job(std::string_view toml_text, const std::string& origin) {
-  toml::table root;
-  try {
-    root = toml::parse(toml_text, origin);
-  } catch (const toml::parse_error& e) {
-    throw config_error("", origin + ":" +
-                             std::to_string(e.source().begin.line) + ":" +
-                             std::to_string(e.source().begin.column) +
-                             ": invalid TOML: " + std::string(e.description()));
-  }
+  toml::table root = detail::parse_toml(toml_text, origin);
   job_config job;
   job.origin = origin;
   table_reader top(root, "");

@@ -34,8 +34,8 @@ std::int64_t layer_parameters(const gpt_config& cfg, int layer) {
       return v * d + t * d;
     case layer_kind::block:
       // ln1, qkv (+bias), proj (+bias), ln2, fc1 (+bias), fc2 (+bias)
-      return 2 * d + (3 * d * d + 3 * d) + (d * d + d) + 2 * d +
-             (d * f + f) + (f * d + d);
+      return 2 * d + (3 * d * d + 3 * d) + (d * d + d) + 2 * d + (d * f + f) +
+             (f * d + d);
     case layer_kind::head:
       return 2 * d + v * d; // final LayerNorm + LM head (no bias)
   }
@@ -49,10 +49,10 @@ std::int64_t model_parameters(const gpt_config& cfg) {
   return n;
 }
 
-layer_work compute_layer_work(const gpt_config& cfg, int layer,
-                              int micro_batch, dtype dt) {
-  const double b = micro_batch, t = cfg.seq_len, d = cfg.d_model,
-               f = cfg.d_ff, v = cfg.vocab_size, h = cfg.n_head;
+layer_work compute_layer_work(const gpt_config& cfg, int layer, int micro_batch,
+                              dtype dt) {
+  const double b = micro_batch, t = cfg.seq_len, d = cfg.d_model, f = cfg.d_ff,
+               v = cfg.vocab_size, h = cfg.n_head;
   const double n = b * t; // tokens
   const double e = dtype_bytes(dt);
   layer_work w;

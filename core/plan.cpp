@@ -124,9 +124,17 @@ plan plan_from_json(const std::string& text, const std::string& origin) {
         throw config_error(spath + ".chip", "expected \"<node>:<index>\"");
       s.chip = *id;
       const json& layers = member(js, "layers", spath);
-      if (!layers.is_array() || layers.size() != 2 ||
-          !layers[0].is_number_integer() || !layers[1].is_number_integer())
-        throw config_error(spath + ".layers", "expected [first, end]");
+      // Bounded before get<int>(): a larger number would wrap into a
+      // plausible layer index.
+      auto layer_index = [](const json& v) {
+        return v.is_number_integer() && v.get<long long>() >= 0 &&
+               v.get<long long>() <= (1LL << 30);
+      };
+      if (!layers.is_array() || layers.size() != 2 || !layer_index(layers[0]) ||
+          !layer_index(layers[1]))
+        throw config_error(spath + ".layers",
+                           "expected [first, end] with layer indices in "
+                           "[0, 2^30]");
       s.first_layer = layers[0].get<int>();
       s.end_layer = layers[1].get<int>();
       if (js.contains("recompute")) {

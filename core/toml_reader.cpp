@@ -5,6 +5,17 @@
 
 namespace h2::detail {
 
+toml::table parse_toml(std::string_view text, const std::string& origin) {
+  try {
+    return toml::parse(text, origin);
+  } catch (const toml::parse_error& e) {
+    throw config_error("", origin + ":" +
+                             std::to_string(e.source().begin.line) + ":" +
+                             std::to_string(e.source().begin.column) +
+                             ": invalid TOML: " + std::string(e.description()));
+  }
+}
+
 std::string_view toml_type_name(const toml::node& node) {
   switch (node.type()) {
     case toml::node_type::table:
@@ -40,8 +51,8 @@ std::size_t edit_distance(std::string_view a, std::string_view b) {
     row[0] = i;
     for (std::size_t j = 1; j <= b.size(); ++j) {
       std::size_t up = row[j];
-      row[j] = std::min({row[j] + 1, row[j - 1] + 1,
-                         diag + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      row[j] = std::min(
+        {row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] == b[j - 1] ? 0 : 1)});
       diag = up;
     }
   }

@@ -15,12 +15,16 @@
 
 namespace h2::detail {
 
+/// Parses TOML text; a syntax error becomes a config_error (no key path)
+/// whose message names `origin`, the line and the column.
+toml::table parse_toml(std::string_view text, const std::string& origin);
+
 /// "an integer", "a string", ... for error messages.
 std::string_view toml_type_name(const toml::node& node);
 
 /// The closest of `candidates` to `key` when it looks like a typo.
-std::optional<std::string>
-closest_key(std::string_view key, const std::set<std::string>& candidates);
+std::optional<std::string> closest_key(std::string_view key,
+                                       const std::set<std::string>& candidates);
 
 /// Converts one TOML value to T or throws config_error naming `path`.
 /// T is one of bool, std::int64_t, double (integers accepted), std::string.
@@ -49,7 +53,7 @@ class table_reader {
 public:
   /// `path` is the key path of the table itself ("" for the root).
   table_reader(const toml::table& table, std::string path)
-    : table_(&table), path_(std::move(path)) {}
+      : table_(&table), path_(std::move(path)) {}
 
   /// The key path of `key` inside this table.
   std::string path(std::string_view key) const {
@@ -98,8 +102,7 @@ public:
   table_reader required_table(std::string_view key) {
     if (auto t = maybe_table(key))
       return *t;
-    throw config_error(path(key), "missing required table [" + path(key) +
-                                    "]");
+    throw config_error(path(key), "missing required table [" + path(key) + "]");
   }
 
   /// An array; nullptr when absent, config_error when not an array.

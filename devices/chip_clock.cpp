@@ -1,12 +1,15 @@
 #include "h2/devices/chip_clock.hpp"
 
+#include "h2/core/error.hpp"
+
 #include <algorithm>
 #include <thread>
 
 namespace h2::devices {
 
-chip_clock::chip_clock(clock_mode mode, wall_clock::time_point origin)
-  : mode_(mode), origin_(origin) {
+chip_clock::chip_clock(clock_mode mode, wall_clock::time_point origin,
+                       std::shared_ptr<const cancellation> cancel)
+    : mode_(mode), origin_(origin), cancel_(std::move(cancel)) {
 }
 
 double chip_clock::wall_now() const noexcept {
@@ -16,7 +19,12 @@ double chip_clock::wall_now() const noexcept {
 void chip_clock::sleep_until_wall(double t) {
   auto deadline = origin_ + std::chrono::duration_cast<wall_clock::duration>(
                               std::chrono::duration<double>(t));
-  std::this_thread::sleep_until(deadline);
+  if (!cancel_) {
+    std::this_thread::sleep_until(deadline);
+    return;
+  }
+  if (!cancel_->wait_until(deadline))
+    throw cancelled_error("cancelled while waiting out emulated time");
 }
 
 void chip_clock::complete_op(double wall_start, double seconds) {

@@ -1,5 +1,6 @@
 #include "h2/devices/device_context.hpp"
 
+#include "gpu_checks.hpp"
 #include "h2/devices/cpu/context.hpp"
 #include "h2/devices/emulated/context.hpp"
 #include "h2/devices/torch_compat.hpp"
@@ -17,7 +18,7 @@
 namespace h2::devices {
 
 thread_binding::thread_binding(const device_context& device)
-  : memory_(device.memory_ptr()), previous_threads_(at::get_num_threads()) {
+    : memory_(device.memory_ptr()), previous_threads_(at::get_num_threads()) {
   // OpenMP's thread count is per thread: set it on the chip's own thread.
   at::set_num_threads(device.threads());
 }
@@ -32,16 +33,16 @@ compute_scope::compute_scope(const device_context& device) {
     return;
   active_ = true;
   previous_enabled_ = compat::cpu_autocast_enabled();
+  previous_dtype_ = compat::cpu_autocast_dtype();
   at::autocast::increment_nesting();
-  compat::set_cpu_autocast(true, device.compute_dtype() == dtype::bf16
-                                   ? at::kBFloat16
-                                   : at::kHalf);
+  compat::set_cpu_autocast(
+    true, device.compute_dtype() == dtype::bf16 ? at::kBFloat16 : at::kHalf);
 }
 
 compute_scope::~compute_scope() {
   if (!active_)
     return;
-  compat::set_cpu_autocast(previous_enabled_, at::kBFloat16);
+  compat::set_cpu_autocast(previous_enabled_, previous_dtype_);
   // Autocast caches cast weights; drop them so the next step sees the
   // optimizer's update (what torch.autocast's __exit__ does).
   if (at::autocast::decrement_nesting() == 0)
@@ -51,12 +52,11 @@ compute_scope::~compute_scope() {
 device_context::device_context(const chip_spec& spec,
                                std::uint64_t capacity_bytes, chip_clock clock,
                                int threads)
-  : spec_(spec),
-    memory_(std::make_shared<memory_account>(spec.id.to_string() + " (" +
-                                               spec.device + ")",
-                                             capacity_bytes)),
-    clock_(clock),
-    threads_(threads) {
+    : spec_(spec),
+      memory_(std::make_shared<memory_account>(
+        spec.id.to_string() + " (" + spec.device + ")", capacity_bytes)),
+      clock_(clock),
+      threads_(threads) {
 }
 
 device_context::~device_context() = default;
@@ -102,37 +102,30 @@ double device_context::complete_op(double wall_start,
                                            : seconds;
 }
 
-std::unique_ptr<device_context>
-make_device(const chip_spec& spec, const emulation_config& emulation,
-            chip_clock::wall_clock::time_point origin, int threads) {
+std::unique_ptr<device_context> make_device(const chip_spec& spec,
+                                            const emulation_config& emulation,
+                                            chip_clock clock, int threads) {
   switch (spec.backend) {
     case device_backend::cpu:
-      return std::make_unique<cpu_context>(spec, origin, threads,
-                                           emulation.clock);
+      return std::make_unique<cpu_context>(spec, std::move(clock), threads);
     case device_backend::emulated:
-      return std::make_unique<emulated_context>(spec, emulation, origin,
-                                                threads);
+      return std::make_unique<emulated_context>(spec, emulation,
+                                                std::move(clock), threads);
     case device_backend::cuda:
 #if H2_HAS_CUDA
-      return std::make_unique<cuda_context>(spec, origin, threads,
-                                            emulation.clock);
+      return std::make_unique<cuda_context>(spec, std::move(clock), threads);
 #else
-      throw device_error(device_errc::unavailable,
-                         "chip " + spec.id.to_string() + " (" + spec.device +
-                           "): this build has no CUDA backend (configure "
-                           "with H2_WITH_CUDA=ON where the CUDA toolkit is "
-                           "installed)");
+      detail::unavailable(spec, "this build has no CUDA backend (configure "
+                                "with H2_WITH_CUDA=ON where the CUDA toolkit "
+                                "is installed)");
 #endif
     case device_backend::hip:
 #if H2_HAS_HIP
-      return std::make_unique<hip_context>(spec, origin, threads,
-                                           emulation.clock);
+      return std::make_unique<hip_context>(spec, std::move(clock), threads);
 #else
-      throw device_error(device_errc::unavailable,
-                         "chip " + spec.id.to_string() + " (" + spec.device +
-                           "): this build has no HIP backend (configure "
-                           "with H2_WITH_HIP=ON where ROCm's HIP runtime is "
-                           "installed)");
+      detail::unavailable(spec, "this build has no HIP backend (configure "
+                                "with H2_WITH_HIP=ON where ROCm's HIP runtime "
+                                "is installed)");
 #endif
   }
   throw internal_error("unknown device backend");

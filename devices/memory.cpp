@@ -98,19 +98,23 @@ void install_allocator() {
 } // namespace
 
 memory_account::memory_account(std::string chip, std::uint64_t capacity_bytes)
-  : chip_(std::move(chip)), capacity_(capacity_bytes) {
+    : chip_(std::move(chip)), capacity_(capacity_bytes) {
 }
 
 void memory_account::reserve(std::uint64_t bytes) {
   std::uint64_t used = used_.load();
   for (;;) {
     if (bytes > capacity_ || used > capacity_ - bytes) {
-      std::string msg = "chip " + chip_ + " is out of memory: tried to "
-                        "allocate " + format_bytes(bytes) + " with " +
-                        format_bytes(used) + " of " +
-                        format_bytes(capacity_) + " in use";
-      if (!failed_.exchange(true))
+      std::string msg = "chip " + chip_ +
+                        " is out of memory: tried to "
+                        "allocate " +
+                        format_bytes(bytes) + " with " + format_bytes(used) +
+                        " of " + format_bytes(capacity_) + " in use";
+      {
+        std::lock_guard<std::mutex> guard(failure_mutex_);
         failure_ = msg;
+      }
+      ++failures_;
       throw device_error(device_errc::out_of_memory, msg);
     }
     if (used_.compare_exchange_weak(used, used + bytes))
@@ -127,7 +131,8 @@ void memory_account::release(std::uint64_t bytes) noexcept {
 }
 
 std::string memory_account::last_failure() const {
-  return failed_.load() ? failure_ : std::string{};
+  std::lock_guard<std::mutex> guard(failure_mutex_);
+  return failure_;
 }
 
 memory_binding::memory_binding(std::shared_ptr<memory_account> account) {

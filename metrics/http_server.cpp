@@ -20,7 +20,7 @@ namespace {
 
 using asio::ip::tcp;
 using buffer_iterator =
-    asio::buffers_iterator<asio::streambuf::const_buffers_type>;
+  asio::buffers_iterator<asio::streambuf::const_buffers_type>;
 
 /// After a response the server reads and discards what the client still
 /// sends, up to this much, before closing: closing a socket with unread input
@@ -32,10 +32,10 @@ constexpr std::chrono::seconds drain_timeout{2};
 constexpr std::chrono::milliseconds accept_retry_delay{100};
 
 constexpr std::string_view exposition_content_type =
-    "text/plain; version=0.0.4; charset=utf-8";
+  "text/plain; version=0.0.4; charset=utf-8";
 constexpr std::string_view index_html =
-    "<!DOCTYPE html>\n<html><head><title>H2</title></head>\n"
-    "<body><h1>H2</h1><p><a href=\"/metrics\">Metrics</a></p></body></html>\n";
+  "<!DOCTYPE html>\n<html><head><title>H2</title></head>\n"
+  "<body><h1>H2</h1><p><a href=\"/metrics\">Metrics</a></p></body></html>\n";
 
 /// Match condition for async_read_until: the end of a request head, a blank
 /// line ("\r\n\r\n", or "\n\n" from lenient clients).
@@ -103,7 +103,7 @@ request parse_request(std::string_view head) {
       scheme != target.npos && target.substr(0, 1) != "/") {
     auto slash = target.find('/', scheme + 3);
     target =
-        slash == target.npos ? std::string_view("/") : target.substr(slash);
+      slash == target.npos ? std::string_view("/") : target.substr(slash);
   }
   if (target.empty() || target.front() != '/') {
     r.error_status = 400;
@@ -116,22 +116,22 @@ request parse_request(std::string_view head) {
 
 std::string_view reason_phrase(int status) {
   switch (status) {
-  case 200:
-    return "OK";
-  case 400:
-    return "Bad Request";
-  case 404:
-    return "Not Found";
-  case 405:
-    return "Method Not Allowed";
-  case 431:
-    return "Request Header Fields Too Large";
-  case 500:
-    return "Internal Server Error";
-  case 505:
-    return "HTTP Version Not Supported";
-  default:
-    return "Unknown";
+    case 200:
+      return "OK";
+    case 400:
+      return "Bad Request";
+    case 404:
+      return "Not Found";
+    case 405:
+      return "Method Not Allowed";
+    case 431:
+      return "Request Header Fields Too Large";
+    case 500:
+      return "Internal Server Error";
+    case 505:
+      return "HTTP Version Not Supported";
+    default:
+      return "Unknown";
   }
 }
 
@@ -222,10 +222,10 @@ public:
   void start() {
     arm(http_server::request_timeout);
     asio::async_read_until(
-        socket_, buffer_, &match_head_end,
-        [self = shared_from_this()](const asio::error_code& ec, std::size_t n) {
-          self->on_head(ec, n);
-        });
+      socket_, buffer_, &match_head_end,
+      [self = shared_from_this()](const asio::error_code& ec, std::size_t n) {
+        self->on_head(ec, n);
+      });
   }
 
   /// Closes the socket and forgets the connection; its pending operations
@@ -249,13 +249,13 @@ private:
   /// (Re)starts the deadline; when it passes, the connection is closed.
   void arm(std::chrono::steady_clock::duration timeout) {
     deadline_.expires_after(timeout);
-    deadline_.async_wait([self =
-                              shared_from_this()](const asio::error_code& ec) {
-      // A re-armed deadline cancels this wait; check the expiry as well in
-      // case it passed just before being re-armed.
-      if (!ec && self->deadline_.expiry() <= std::chrono::steady_clock::now())
-        self->close();
-    });
+    deadline_.async_wait(
+      [self = shared_from_this()](const asio::error_code& ec) {
+        // A re-armed deadline cancels this wait; check the expiry as well in
+        // case it passed just before being re-armed.
+        if (!ec && self->deadline_.expiry() <= std::chrono::steady_clock::now())
+          self->close();
+      });
   }
 
   void on_head(const asio::error_code& ec, std::size_t n) {
@@ -280,10 +280,10 @@ private:
     response_ = std::move(data);
     arm(http_server::response_timeout);
     asio::async_write(
-        socket_, asio::buffer(response_),
-        [self = shared_from_this()](const asio::error_code& ec, std::size_t) {
-          self->on_written(ec);
-        });
+      socket_, asio::buffer(response_),
+      [self = shared_from_this()](const asio::error_code& ec, std::size_t) {
+        self->on_written(ec);
+      });
   }
 
   void on_written(const asio::error_code& ec) {
@@ -301,17 +301,17 @@ private:
 
   void drain() {
     socket_.async_read_some(
-        asio::buffer(discard_),
-        [self = shared_from_this()](const asio::error_code& ec, std::size_t n) {
-          if (self->closed_)
-            return;
-          self->drained_ += n;
-          if (ec || self->drained_ > max_drain_bytes) {
-            self->close();
-            return;
-          }
-          self->drain();
-        });
+      asio::buffer(discard_),
+      [self = shared_from_this()](const asio::error_code& ec, std::size_t n) {
+        if (self->closed_)
+          return;
+        self->drained_ += n;
+        if (ec || self->drained_ > max_drain_bytes) {
+          self->close();
+          return;
+        }
+        self->drain();
+      });
   }
 
   server_core& server_;
@@ -393,8 +393,8 @@ http_server::http_server(const std::string& bind_address, std::uint16_t port,
   } else {
     tcp::resolver resolver(core.io);
     auto results = resolver.resolve(
-        bind_address, std::to_string(port),
-        tcp::resolver::passive | tcp::resolver::numeric_service, ec);
+      bind_address, std::to_string(port),
+      tcp::resolver::passive | tcp::resolver::numeric_service, ec);
     if (ec)
       fail(ec);
     if (results.empty())

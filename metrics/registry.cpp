@@ -199,7 +199,7 @@ std::vector<double> normalize_upper_bounds(std::vector<double> upper_bounds) {
 histogram::histogram(std::vector<double> upper_bounds)
     : upper_bounds_(normalize_upper_bounds(std::move(upper_bounds))),
       buckets_(std::make_unique<std::atomic<std::uint64_t>[]>(
-          upper_bounds_.size() + 1)) {
+        upper_bounds_.size() + 1)) {
 }
 
 void histogram::observe(double v) noexcept {
@@ -330,7 +330,7 @@ counter& registry::get_counter(const std::string& name, const std::string& help,
   auto key = series_key(name, labels, false);
   std::lock_guard lock(mutex_);
   auto& s = find_or_add_family(name, help, metric_type::counter, nullptr)
-                .find_or_add_series(std::move(key), labels);
+              .find_or_add_series(std::move(key), labels);
   if (!s.counter_metric)
     s.counter_metric = std::make_unique<counter>();
   return *s.counter_metric;
@@ -341,7 +341,7 @@ gauge& registry::get_gauge(const std::string& name, const std::string& help,
   auto key = series_key(name, labels, false);
   std::lock_guard lock(mutex_);
   auto& s = find_or_add_family(name, help, metric_type::gauge, nullptr)
-                .find_or_add_series(std::move(key), labels);
+              .find_or_add_series(std::move(key), labels);
   if (!s.gauge_metric)
     s.gauge_metric = std::make_unique<gauge>();
   return *s.gauge_metric;
@@ -355,7 +355,7 @@ histogram& registry::get_histogram(const std::string& name,
   auto key = series_key(name, labels, true);
   std::lock_guard lock(mutex_);
   auto& s = find_or_add_family(name, help, metric_type::histogram, &bounds)
-                .find_or_add_series(std::move(key), labels);
+              .find_or_add_series(std::move(key), labels);
   if (!s.histogram_metric)
     s.histogram_metric = std::make_unique<histogram>(std::move(bounds));
   return *s.histogram_metric;
@@ -376,26 +376,26 @@ std::string registry::expose() const {
     out += '\n';
     for (const auto& [key, s] : f->series_by_labels) {
       switch (f->type) {
-      case metric_type::counter:
-        append_sample(out, name, "", s.labels, s.counter_metric->value());
-        break;
-      case metric_type::gauge:
-        append_sample(out, name, "", s.labels, s.gauge_metric->value());
-        break;
-      case metric_type::histogram: {
-        auto snap = s.histogram_metric->snapshot();
-        for (std::size_t i = 0; i < snap.cumulative_counts.size(); ++i) {
-          std::string le = i < snap.upper_bounds.size()
+        case metric_type::counter:
+          append_sample(out, name, "", s.labels, s.counter_metric->value());
+          break;
+        case metric_type::gauge:
+          append_sample(out, name, "", s.labels, s.gauge_metric->value());
+          break;
+        case metric_type::histogram: {
+          auto snap = s.histogram_metric->snapshot();
+          for (std::size_t i = 0; i < snap.cumulative_counts.size(); ++i) {
+            std::string le = i < snap.upper_bounds.size()
                                ? format_value(snap.upper_bounds[i])
                                : std::string("+Inf");
-          append_sample(out, name, "_bucket", s.labels,
-                        static_cast<double>(snap.cumulative_counts[i]), &le);
+            append_sample(out, name, "_bucket", s.labels,
+                          static_cast<double>(snap.cumulative_counts[i]), &le);
+          }
+          append_sample(out, name, "_sum", s.labels, snap.sum);
+          append_sample(out, name, "_count", s.labels,
+                        static_cast<double>(snap.count));
+          break;
         }
-        append_sample(out, name, "_sum", s.labels, snap.sum);
-        append_sample(out, name, "_count", s.labels,
-                      static_cast<double>(snap.count));
-        break;
-      }
       }
     }
   }

@@ -18,7 +18,7 @@ constexpr double microseconds_per_second = 1e6;
 
 void trace_writer::add(const nlohmann::json& event) {
   auto text =
-      event.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+    event.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
   std::lock_guard lock(mutex_);
   events_.push_back(std::move(text));
 }

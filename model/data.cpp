@@ -98,7 +98,8 @@ micro_batch data_source::batch(split s, std::int64_t batch, int first,
   auto* in = mb.tokens.data_ptr<std::int64_t>();
   auto* out = mb.targets.data_ptr<std::int64_t>();
   for (int i = 0; i < count; ++i)
-    sequence(s, batch, first + i, in + static_cast<std::ptrdiff_t>(i) * seq_len_,
+    sequence(s, batch, first + i,
+             in + static_cast<std::ptrdiff_t>(i) * seq_len_,
              out + static_cast<std::ptrdiff_t>(i) * seq_len_);
   mb.loss_scale = loss_scale;
   return mb;
@@ -106,8 +107,10 @@ micro_batch data_source::batch(split s, std::int64_t batch, int first,
 
 markov_source::markov_source(int vocab_size, int seq_len, double entropy_rate,
                              std::uint64_t seed)
-  : data_source(seq_len), states_(vocab_size - 1), entropy_rate_(entropy_rate),
-    seed_(seed) {
+    : data_source(seq_len),
+      states_(vocab_size - 1),
+      entropy_rate_(entropy_rate),
+      seed_(seed) {
   H2_ENFORCE(states_ >= 2 && entropy_rate > 0 &&
                entropy_rate < std::log(static_cast<double>(states_)),
              "states=", states_, " H=", entropy_rate);
@@ -210,8 +213,8 @@ token_file_source::map_file(const std::string& path, const std::string& key,
                             int vocab_size) {
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0)
-    throw config_error(key, "cannot open \"" + path +
-                              "\": " + std::strerror(errno));
+    throw config_error(key,
+                       "cannot open \"" + path + "\": " + std::strerror(errno));
   struct stat st {};
   if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
     ::close(fd);
@@ -227,8 +230,8 @@ token_file_source::map_file(const std::string& path, const std::string& key,
   ::close(fd);
   if (f.map == MAP_FAILED) {
     f.map = nullptr;
-    throw config_error(key, "cannot map \"" + path +
-                              "\": " + std::strerror(errno));
+    throw config_error(key,
+                       "cannot map \"" + path + "\": " + std::strerror(errno));
   }
   auto fail = [&](const std::string& why) {
     unmap(f);
@@ -252,8 +255,8 @@ token_file_source::map_file(const std::string& path, const std::string& key,
            " tokens but the file holds " +
            std::to_string((f.map_bytes - llmc_header_bytes) / 2));
     f.format = layout::llmc;
-    f.tokens = reinterpret_cast<const std::uint16_t*>(bytes +
-                                                      llmc_header_bytes);
+    f.tokens =
+      reinterpret_cast<const std::uint16_t*>(bytes + llmc_header_bytes);
     f.count = static_cast<std::size_t>(header[2]);
   } else {
     if (f.map_bytes % 2 != 0)
@@ -265,8 +268,8 @@ token_file_source::map_file(const std::string& path, const std::string& key,
   for (std::size_t i = 0; i < f.count; ++i)
     if (f.tokens[i] >= vocab_size)
       fail("token id " + std::to_string(f.tokens[i]) + " at position " +
-           std::to_string(i) + " is >= model.vocab_size = " +
-           std::to_string(vocab_size));
+           std::to_string(i) +
+           " is >= model.vocab_size = " + std::to_string(vocab_size));
   return f;
 }
 
@@ -278,7 +281,7 @@ void token_file_source::unmap(mapped_file& f) noexcept {
 
 token_file_source::token_file_source(const data_config& data, int seq_len,
                                      int vocab_size, std::uint64_t seed)
-  : data_source(seq_len), seed_(seed) {
+    : data_source(seq_len), seed_(seed) {
   const std::size_t window = static_cast<std::size_t>(seq_len) + 1;
   train_ = map_file(data.train_path, "data.train", vocab_size);
   try {
@@ -293,18 +296,16 @@ token_file_source::token_file_source(const data_config& data, int seq_len,
       val_range_ = {train_.tokens + (train_.count - held_out), held_out};
     }
     if (train_range_.count < window)
-      throw config_error("data.train",
-                         "holds " + std::to_string(train_range_.count) +
-                           " training tokens; seq_len " +
-                           std::to_string(seq_len) + " needs at least " +
-                           std::to_string(window));
+      throw config_error(
+        "data.train", "holds " + std::to_string(train_range_.count) +
+                        " training tokens; seq_len " + std::to_string(seq_len) +
+                        " needs at least " + std::to_string(window));
     if (val_range_.count < window)
-      throw config_error(data.val_path.empty() ? "data.val_fraction"
-                                               : "data.val",
-                         "leaves " + std::to_string(val_range_.count) +
-                           " validation tokens; seq_len " +
-                           std::to_string(seq_len) + " needs at least " +
-                           std::to_string(window));
+      throw config_error(
+        data.val_path.empty() ? "data.val_fraction" : "data.val",
+        "leaves " + std::to_string(val_range_.count) +
+          " validation tokens; seq_len " + std::to_string(seq_len) +
+          " needs at least " + std::to_string(window));
   } catch (...) {
     unmap(train_);
     unmap(val_);
@@ -336,9 +337,8 @@ void token_file_source::sequence(split s, std::int64_t batch,
 
 std::unique_ptr<data_source> make_data_source(const job_config& job) {
   if (job.data.source == source_kind::markov)
-    return std::make_unique<markov_source>(job.model.vocab_size,
-                                           job.model.seq_len,
-                                           job.data.entropy_rate, job.seed);
+    return std::make_unique<markov_source>(
+      job.model.vocab_size, job.model.seq_len, job.data.entropy_rate, job.seed);
   return std::make_unique<token_file_source>(job.data, job.model.seq_len,
                                              job.model.vocab_size, job.seed);
 }

@@ -28,8 +28,8 @@ std::int64_t layer::parameter_count() const {
 
 at::Tensor& layer::add(std::string name, at::Tensor value, bool decay) {
   value.set_requires_grad(true);
-  params_.push_back(parameter{std::move(name), std::move(value), decay, {},
-                              {}});
+  params_.push_back(
+    parameter{std::move(name), std::move(value), decay, {}, {}});
   return params_.back().value;
 }
 
@@ -47,8 +47,8 @@ std::uint64_t layer_seed(std::uint64_t seed, int index) {
 class initializer {
 public:
   initializer(std::uint64_t seed, int index)
-    : gen_(at::make_generator<at::CPUGeneratorImpl>(layer_seed(seed, index))) {
-  }
+      : gen_(
+          at::make_generator<at::CPUGeneratorImpl>(layer_seed(seed, index))) {}
 
   at::Tensor normal(at::IntArrayRef shape, double std) {
     auto t = at::empty(shape, at::kFloat);
@@ -75,14 +75,12 @@ constexpr double init_std = 0.02;
 class embedding_layer final : public layer {
 public:
   embedding_layer(const gpt_config& cfg, int index, std::uint64_t seed)
-    : layer(index, layer_kind::embedding) {
+      : layer(index, layer_kind::embedding) {
     initializer init(seed, index);
-    wte_ = add("embedding.wte", init.normal({cfg.vocab_size, cfg.d_model},
-                                            init_std),
-               true);
-    wpe_ = add("embedding.wpe", init.normal({cfg.seq_len, cfg.d_model},
-                                            init_std),
-               true);
+    wte_ = add("embedding.wte",
+               init.normal({cfg.vocab_size, cfg.d_model}, init_std), true);
+    wpe_ = add("embedding.wpe",
+               init.normal({cfg.seq_len, cfg.d_model}, init_std), true);
   }
 
   at::Tensor forward(const at::Tensor&, const micro_batch& mb) override {
@@ -99,16 +97,17 @@ private:
 class block_layer final : public layer {
 public:
   block_layer(const gpt_config& cfg, int index, std::uint64_t seed)
-    : layer(index, layer_kind::block), n_head_(cfg.n_head),
-      d_model_(cfg.d_model) {
+      : layer(index, layer_kind::block),
+        n_head_(cfg.n_head),
+        d_model_(cfg.d_model) {
     initializer init(seed, index);
     const std::int64_t d = cfg.d_model, f = cfg.d_ff;
     const double proj_std = init_std / std::sqrt(2.0 * cfg.n_layer);
     std::string p = "block" + std::to_string(index) + ".";
     ln1_w_ = add(p + "ln1.weight", init.ones({d}), false);
     ln1_b_ = add(p + "ln1.bias", init.zeros({d}), false);
-    qkv_w_ = add(p + "attn.qkv.weight", init.normal({3 * d, d}, init_std),
-                 true);
+    qkv_w_ =
+      add(p + "attn.qkv.weight", init.normal({3 * d, d}, init_std), true);
     qkv_b_ = add(p + "attn.qkv.bias", init.zeros({3 * d}), false);
     proj_w_ = add(p + "attn.proj.weight", init.normal({d, d}, proj_std), true);
     proj_b_ = add(p + "attn.proj.bias", init.zeros({d}), false);
@@ -136,8 +135,8 @@ private:
                  .view({b, t, 3, n_head_, hd})
                  .permute({2, 0, 3, 1, 4});
     auto q = qkv.select(0, 0), k = qkv.select(0, 1), v = qkv.select(0, 2);
-    auto scores = at::matmul(q, k.transpose(-2, -1)) /
-                  std::sqrt(static_cast<double>(hd));
+    auto scores =
+      at::matmul(q, k.transpose(-2, -1)) / std::sqrt(static_cast<double>(hd));
     scores = scores.masked_fill(causal_mask(t), -INFINITY);
     auto y = at::matmul(at::softmax(scores, -1, scores.scalar_type()), v);
     y = y.transpose(1, 2).reshape({b, t, d_model_});
@@ -160,8 +159,9 @@ private:
 class head_layer final : public layer {
 public:
   head_layer(const gpt_config& cfg, int index, std::uint64_t seed)
-    : layer(index, layer_kind::head), d_model_(cfg.d_model),
-      vocab_(cfg.vocab_size) {
+      : layer(index, layer_kind::head),
+        d_model_(cfg.d_model),
+        vocab_(cfg.vocab_size) {
     initializer init(seed, index);
     ln_w_ = add("head.ln_f.weight", init.ones({cfg.d_model}), false);
     ln_b_ = add("head.ln_f.bias", init.zeros({cfg.d_model}), false);
@@ -171,13 +171,12 @@ public:
 
   at::Tensor forward(const at::Tensor& x, const micro_batch& mb) override {
     H2_ENFORCE(mb.targets.defined(), "head needs targets");
-    auto logits = at::linear(at::layer_norm(x, {d_model_}, ln_w_, ln_b_),
-                             lm_w_);
+    auto logits =
+      at::linear(at::layer_norm(x, {d_model_}, ln_w_, ln_b_), lm_w_);
     // The loss in fp32 whatever the chip's dtype.
-    auto loss = at::cross_entropy_loss(logits.reshape({-1, vocab_})
-                                         .to(at::kFloat),
-                                       mb.targets.reshape({-1}), {},
-                                       at::Reduction::Sum);
+    auto loss =
+      at::cross_entropy_loss(logits.reshape({-1, vocab_}).to(at::kFloat),
+                             mb.targets.reshape({-1}), {}, at::Reduction::Sum);
     return loss * mb.loss_scale;
   }
 

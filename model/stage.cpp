@@ -6,7 +6,7 @@ namespace h2::model {
 
 stage::stage(const gpt_config& cfg, int first_layer, int end_layer,
              std::uint64_t seed)
-  : cfg_(cfg), first_(first_layer), end_(end_layer) {
+    : cfg_(cfg), first_(first_layer), end_(end_layer) {
   H2_ENFORCE(0 <= first_layer && first_layer < end_layer &&
                end_layer <= cfg.num_layers(),
              "first=", first_layer, " end=", end_layer,

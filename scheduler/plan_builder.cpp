@@ -30,9 +30,8 @@ plan make_plan(const job_config& job) {
     sp.chip = pc.stages[static_cast<std::size_t>(s)];
     sp.first_layer = next;
     sp.end_layer = next += counts[static_cast<std::size_t>(s)];
-    sp.recompute = pc.recompute.empty()
-                     ? false
-                     : pc.recompute[static_cast<std::size_t>(s)];
+    sp.recompute =
+      pc.recompute.empty() ? false : pc.recompute[static_cast<std::size_t>(s)];
     r.stages.push_back(sp);
   }
   p.replicas.push_back(std::move(r));

@@ -47,31 +47,31 @@ private:
 void fill_stage(schedule_kind kind, int stage, int stages, int micro_batches,
                 stage_builder& b) {
   switch (kind) {
-  case schedule_kind::gpipe:
-    for (int i = 0; i < micro_batches; ++i)
-      b.forward(i);
-    for (int i = 0; i < micro_batches; ++i)
-      b.backward(i);
-    return;
-  case schedule_kind::one_f_one_b: {
-    // The first backward reaches stage s only after the last stage has
-    // forwarded micro-batch 0, i.e. after stage s forwarded stages - s
-    // micro-batches. The warm-up fills that window; the steady state then
-    // trades one forward for one backward, so at most stages - s
-    // activations are held at once.
-    int warmup = std::min(stages - stage - 1, micro_batches);
-    int fwd = 0;
-    int bwd = 0;
-    while (fwd < warmup)
-      b.forward(fwd++);
-    while (fwd < micro_batches) {
-      b.forward(fwd++);
-      b.backward(bwd++);
+    case schedule_kind::gpipe:
+      for (int i = 0; i < micro_batches; ++i)
+        b.forward(i);
+      for (int i = 0; i < micro_batches; ++i)
+        b.backward(i);
+      return;
+    case schedule_kind::one_f_one_b: {
+      // The first backward reaches stage s only after the last stage has
+      // forwarded micro-batch 0, i.e. after stage s forwarded stages - s
+      // micro-batches. The warm-up fills that window; the steady state then
+      // trades one forward for one backward, so at most stages - s
+      // activations are held at once.
+      int warmup = std::min(stages - stage - 1, micro_batches);
+      int fwd = 0;
+      int bwd = 0;
+      while (fwd < warmup)
+        b.forward(fwd++);
+      while (fwd < micro_batches) {
+        b.forward(fwd++);
+        b.backward(bwd++);
+      }
+      while (bwd < micro_batches)
+        b.backward(bwd++);
+      return;
     }
-    while (bwd < micro_batches)
-      b.backward(bwd++);
-    return;
-  }
   }
   // No default above, so -Wswitch names a new enumerator left unhandled.
   H2_ENFORCE(false, "unknown schedule_kind ", static_cast<int>(kind));
@@ -81,18 +81,18 @@ void fill_stage(schedule_kind kind, int stage, int stages, int micro_batches,
 
 std::string_view to_string(op_kind k) noexcept {
   switch (k) {
-  case op_kind::recv_forward:
-    return "recv_forward";
-  case op_kind::forward:
-    return "forward";
-  case op_kind::send_forward:
-    return "send_forward";
-  case op_kind::recv_backward:
-    return "recv_backward";
-  case op_kind::backward:
-    return "backward";
-  case op_kind::send_backward:
-    return "send_backward";
+    case op_kind::recv_forward:
+      return "recv_forward";
+    case op_kind::forward:
+      return "forward";
+    case op_kind::send_forward:
+      return "send_forward";
+    case op_kind::recv_backward:
+      return "recv_backward";
+    case op_kind::backward:
+      return "backward";
+    case op_kind::send_backward:
+      return "send_backward";
   }
   return "unknown";
 }
@@ -134,10 +134,10 @@ int in_flight_bound(schedule_kind kind, int stages, int stage,
   H2_ENFORCE(stage >= 0 && stage < stages, "stage = ", stage,
              ", stages = ", stages);
   switch (kind) {
-  case schedule_kind::gpipe:
-    return micro_batches;
-  case schedule_kind::one_f_one_b:
-    return std::min(stages - stage, micro_batches);
+    case schedule_kind::gpipe:
+      return micro_batches;
+    case schedule_kind::one_f_one_b:
+      return std::min(stages - stage, micro_batches);
   }
   H2_ENFORCE(false, "unknown schedule_kind ", static_cast<int>(kind));
   return 0; // unreachable: H2_ENFORCE(false) throws

@@ -37,65 +37,53 @@ void check_op(const schedule& sc, stage_position pos,
   const int mb = x.micro_batch;
   H2_ENFORCE(mb >= 0 && mb < sc.micro_batches, "stage ", s, ", op ", j, " (", x,
              "): micro-batch ", mb, " outside [0, ", sc.micro_batches, ")");
+  // Every message below starts with where the op is.
+  const std::string where = detail::concat("stage ", s, ", op ", j, " (", x,
+                                           "), micro-batch ", mb, ": ");
   const bool is_backward_op = x.kind == op_kind::recv_backward ||
                               x.kind == op_kind::backward ||
                               x.kind == op_kind::send_backward;
-  H2_ENFORCE(!(sc.forward_only && is_backward_op), "stage ", s, ", op ", j,
-             " (", x, "), micro-batch ", mb, ": backward op in a forward-only",
-             " schedule");
+  H2_ENFORCE(!(sc.forward_only && is_backward_op), where,
+             "backward op in a forward-only", " schedule");
   switch (x.kind) {
-  case op_kind::recv_forward:
-    H2_ENFORCE(!pos.first, "stage ", s, ", op ", j, " (", x, "), micro-batch ",
-               mb, ": the first stage receives no", " activations");
-    H2_ENFORCE(op_at(list, j + 1, {op_kind::forward, mb}), "stage ", s, ", op ",
-               j, " (", x, "), micro-batch ", mb,
-               ": recv_forward not followed by its forward");
-    return;
-  case op_kind::forward:
-    H2_ENFORCE(!forwarded[mb], "stage ", s, ", op ", j, " (", x,
-               "), micro-batch ", mb, ": forwarded twice");
-    H2_ENFORCE(pos.first || op_at(list, j - 1, {op_kind::recv_forward, mb}),
-               "stage ", s, ", op ", j, " (", x, "), micro-batch ", mb,
-               ": forward without recv_forward right before it");
-    H2_ENFORCE(pos.last || op_at(list, j + 1, {op_kind::send_forward, mb}),
-               "stage ", s, ", op ", j, " (", x, "), micro-batch ", mb,
-               ": forward without send_forward right after it");
-    forwarded[mb] = 1;
-    return;
-  case op_kind::send_forward:
-    H2_ENFORCE(!pos.last, "stage ", s, ", op ", j, " (", x, "), micro-batch ",
-               mb, ": the last stage sends no", " activations");
-    H2_ENFORCE(op_at(list, j - 1, {op_kind::forward, mb}), "stage ", s, ", op ",
-               j, " (", x, "), micro-batch ", mb,
-               ": send_forward not right after its forward");
-    return;
-  case op_kind::recv_backward:
-    H2_ENFORCE(!pos.last, "stage ", s, ", op ", j, " (", x, "), micro-batch ",
-               mb, ": the last stage receives no", " gradients");
-    H2_ENFORCE(op_at(list, j + 1, {op_kind::backward, mb}), "stage ", s,
-               ", op ", j, " (", x, "), micro-batch ", mb,
-               ": recv_backward not followed by its backward");
-    return;
-  case op_kind::backward:
-    H2_ENFORCE(forwarded[mb], "stage ", s, ", op ", j, " (", x,
-               "), micro-batch ", mb, ": backward before forward");
-    H2_ENFORCE(!backwarded[mb], "stage ", s, ", op ", j, " (", x,
-               "), micro-batch ", mb, ": backwarded twice");
-    H2_ENFORCE(pos.last || op_at(list, j - 1, {op_kind::recv_backward, mb}),
-               "stage ", s, ", op ", j, " (", x, "), micro-batch ", mb,
-               ": backward without recv_backward right before it");
-    H2_ENFORCE(pos.first || op_at(list, j + 1, {op_kind::send_backward, mb}),
-               "stage ", s, ", op ", j, " (", x, "), micro-batch ", mb,
-               ": backward without send_backward right after it");
-    backwarded[mb] = 1;
-    return;
-  case op_kind::send_backward:
-    H2_ENFORCE(!pos.first, "stage ", s, ", op ", j, " (", x, "), micro-batch ",
-               mb, ": the first stage sends no", " gradients");
-    H2_ENFORCE(op_at(list, j - 1, {op_kind::backward, mb}), "stage ", s,
-               ", op ", j, " (", x, "), micro-batch ", mb,
-               ": send_backward not right after its backward");
-    return;
+    case op_kind::recv_forward:
+      H2_ENFORCE(!pos.first, where, "the first stage receives no",
+                 " activations");
+      H2_ENFORCE(op_at(list, j + 1, {op_kind::forward, mb}), where,
+                 "recv_forward not followed by its forward");
+      return;
+    case op_kind::forward:
+      H2_ENFORCE(!forwarded[mb], where, "forwarded twice");
+      H2_ENFORCE(pos.first || op_at(list, j - 1, {op_kind::recv_forward, mb}),
+                 where, "forward without recv_forward right before it");
+      H2_ENFORCE(pos.last || op_at(list, j + 1, {op_kind::send_forward, mb}),
+                 where, "forward without send_forward right after it");
+      forwarded[mb] = 1;
+      return;
+    case op_kind::send_forward:
+      H2_ENFORCE(!pos.last, where, "the last stage sends no", " activations");
+      H2_ENFORCE(op_at(list, j - 1, {op_kind::forward, mb}), where,
+                 "send_forward not right after its forward");
+      return;
+    case op_kind::recv_backward:
+      H2_ENFORCE(!pos.last, where, "the last stage receives no", " gradients");
+      H2_ENFORCE(op_at(list, j + 1, {op_kind::backward, mb}), where,
+                 "recv_backward not followed by its backward");
+      return;
+    case op_kind::backward:
+      H2_ENFORCE(forwarded[mb], where, "backward before forward");
+      H2_ENFORCE(!backwarded[mb], where, "backwarded twice");
+      H2_ENFORCE(pos.last || op_at(list, j - 1, {op_kind::recv_backward, mb}),
+                 where, "backward without recv_backward right before it");
+      H2_ENFORCE(pos.first || op_at(list, j + 1, {op_kind::send_backward, mb}),
+                 where, "backward without send_backward right after it");
+      backwarded[mb] = 1;
+      return;
+    case op_kind::send_backward:
+      H2_ENFORCE(!pos.first, where, "the first stage sends no", " gradients");
+      H2_ENFORCE(op_at(list, j - 1, {op_kind::backward, mb}), where,
+                 "send_backward not right after its backward");
+      return;
   }
   H2_ENFORCE(false, "stage ", s, ", op ", j, ": unknown op_kind ",
              static_cast<int>(x.kind));

@@ -1,5 +1,6 @@
 #include "h2/transport/channel.hpp"
 
+#include <algorithm>
 #include <string>
 
 namespace h2::transport {
@@ -21,6 +22,11 @@ bool pending_message::state::complete(message& m) {
   return true;
 }
 
+bool pending_message::state::ended() {
+  std::lock_guard<std::mutex> guard(mutex);
+  return value.has_value() || failure.has_value();
+}
+
 void pending_message::state::fail(const transport_error& e) {
   {
     std::lock_guard<std::mutex> guard(mutex);
@@ -34,17 +40,22 @@ void pending_message::state::fail(const transport_error& e) {
 message pending_message::get(std::chrono::duration<double> timeout) {
   H2_ENFORCE(state_ != nullptr, "pending_message used twice");
   auto s = std::move(state_);
+  // wait_for() adds the timeout to the steady clock in integer ticks; a
+  // timeout of centuries would overflow into an instant timeout, so longer
+  // waits are capped at 100 years ("wait").
+  constexpr std::chrono::duration<double> longest =
+    std::chrono::hours(24 * 365 * 100);
   std::unique_lock<std::mutex> lock(s->mutex);
-  bool done = s->ready.wait_for(lock, timeout, [&] {
+  bool done = s->ready.wait_for(lock, std::min(timeout, longest), [&] {
     return s->value.has_value() || s->failure.has_value();
   });
   if (!done) {
     // Mark it ended so a message arriving later is queued for the next
     // receive of the tag instead of being delivered into the void.
-    s->failure = transport_error(transport_errc::timeout,
-                                 "no message with tag " +
-                                   std::to_string(s->tag) + " within " +
-                                   std::to_string(timeout.count()) + " s");
+    s->failure =
+      transport_error(transport_errc::timeout,
+                      "no message with tag " + std::to_string(s->tag) +
+                        " within " + std::to_string(timeout.count()) + " s");
     throw *s->failure;
   }
   if (s->failure)

@@ -2,11 +2,9 @@
 
 namespace h2::devices {
 
-cpu_context::cpu_context(const chip_spec& spec,
-                         chip_clock::wall_clock::time_point origin,
-                         int threads, clock_mode clock)
-  : device_context(spec, spec.profile.memory_bytes, chip_clock(clock, origin),
-                   threads) {
+cpu_context::cpu_context(const chip_spec& spec, chip_clock clock, int threads)
+    : device_context(spec, spec.profile.memory_bytes, std::move(clock),
+                     threads) {
 }
 
 } // namespace h2::devices

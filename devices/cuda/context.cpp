@@ -1,44 +1,41 @@
 #include "h2/devices/cuda/context.hpp"
 
-#include <ATen/Context.h>
+#include "../gpu_checks.hpp"
+
 #include <cuda_runtime_api.h>
 
 namespace h2::devices {
 
 namespace {
 
-[[noreturn]] void unavailable(const chip_spec& spec, const std::string& why) {
-  throw device_error(device_errc::unavailable,
-                     "chip " + spec.id.to_string() + " (" + spec.device +
-                       "): " + why);
-}
+struct cuda_api {
+  static constexpr const char* name = "CUDA";
 
-std::uint64_t checked_capacity(const chip_spec& spec) {
-  int count = 0;
-  cudaError_t rc = cudaGetDeviceCount(&count);
-  if (rc != cudaSuccess)
-    unavailable(spec, std::string("no CUDA device (cudaGetDeviceCount: ") +
-                        cudaGetErrorString(rc) + ")");
-  if (spec.device_index >= count)
-    unavailable(spec, "only " + std::to_string(count) + " CUDA device(s)");
-  if (!at::hasCUDA())
-    unavailable(spec, "this libtorch was built without CUDA (Debian's "
-                      "libtorch is CPU-only; build against a CUDA libtorch)");
-  cudaSetDevice(spec.device_index);
-  std::size_t free_bytes = 0, total_bytes = 0;
-  rc = cudaMemGetInfo(&free_bytes, &total_bytes);
-  if (rc != cudaSuccess)
-    unavailable(spec, std::string("cudaMemGetInfo: ") + cudaGetErrorString(rc));
-  return total_bytes;
-}
+  static std::optional<std::string> count(int& n) {
+    cudaError_t rc = cudaGetDeviceCount(&n);
+    if (rc != cudaSuccess)
+      return std::string("cudaGetDeviceCount: ") + cudaGetErrorString(rc);
+    return std::nullopt;
+  }
+
+  static std::optional<std::string> total_memory(int device,
+                                                 std::uint64_t& total) {
+    std::size_t free_bytes = 0, total_bytes = 0;
+    cudaError_t rc = cudaSetDevice(device);
+    if (rc == cudaSuccess)
+      rc = cudaMemGetInfo(&free_bytes, &total_bytes);
+    if (rc != cudaSuccess)
+      return std::string("cudaMemGetInfo: ") + cudaGetErrorString(rc);
+    total = total_bytes;
+    return std::nullopt;
+  }
+};
 
 } // namespace
 
-cuda_context::cuda_context(const chip_spec& spec,
-                           chip_clock::wall_clock::time_point origin,
-                           int threads, clock_mode clock)
-  : device_context(spec, checked_capacity(spec), chip_clock(clock, origin),
-                   threads) {
+cuda_context::cuda_context(const chip_spec& spec, chip_clock clock, int threads)
+    : device_context(spec, detail::checked_gpu_capacity<cuda_api>(spec),
+                     std::move(clock), threads) {
 }
 
 c10::Device cuda_context::torch_device() const {

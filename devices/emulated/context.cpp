@@ -15,14 +15,13 @@ std::uint64_t scaled_capacity(const chip_spec& spec, double scale) {
 
 emulated_context::emulated_context(const chip_spec& spec,
                                    const emulation_config& emulation,
-                                   chip_clock::wall_clock::time_point origin,
-                                   int threads)
-  : device_context(spec, scaled_capacity(spec, emulation.memory_scale),
-                   chip_clock(emulation.clock, origin), threads),
-    cost_(spec.profile, spec.compute_dtype, emulation.time_scale),
-    link_bandwidth_override_(
-      emulation.link_bandwidth_bytes_per_second.value_or(0)),
-    link_latency_override_(emulation.link_latency_seconds.value_or(-1)) {
+                                   chip_clock clock, int threads)
+    : device_context(spec, scaled_capacity(spec, emulation.memory_scale),
+                     std::move(clock), threads),
+      cost_(spec.profile, spec.compute_dtype, emulation.time_scale),
+      link_bandwidth_override_(
+        emulation.link_bandwidth_bytes_per_second.value_or(0)),
+      link_latency_override_(emulation.link_latency_seconds.value_or(-1)) {
 }
 
 std::optional<double> emulated_context::layer_seconds(const layer_work& work,

@@ -1,46 +1,45 @@
 #include "h2/devices/hip/context.hpp"
 
-#include <ATen/Context.h>
+#include "../gpu_checks.hpp"
+
 #include <hip/hip_runtime_api.h>
 
 namespace h2::devices {
 
 namespace {
 
-[[noreturn]] void unavailable(const chip_spec& spec, const std::string& why) {
-  throw device_error(device_errc::unavailable,
-                     "chip " + spec.id.to_string() + " (" + spec.device +
-                       "): " + why);
-}
+struct hip_api {
+  static constexpr const char* name = "HIP";
 
-std::uint64_t checked_capacity(const chip_spec& spec) {
-  int count = 0;
-  hipError_t rc = hipGetDeviceCount(&count);
-  if (rc != hipSuccess)
-    unavailable(spec, std::string("no HIP device (hipGetDeviceCount: ") +
-                        hipGetErrorString(rc) + ")");
-  if (spec.device_index >= count)
-    unavailable(spec, "only " + std::to_string(count) + " HIP device(s)");
-  if (!at::hasCUDA()) // ROCm builds of libtorch answer through hasCUDA()
-    unavailable(spec, "this libtorch was built without ROCm");
-  (void)hipSetDevice(spec.device_index);
-  std::size_t free_bytes = 0, total_bytes = 0;
-  rc = hipMemGetInfo(&free_bytes, &total_bytes);
-  if (rc != hipSuccess)
-    unavailable(spec, std::string("hipMemGetInfo: ") + hipGetErrorString(rc));
-  return total_bytes;
-}
+  static std::optional<std::string> count(int& n) {
+    hipError_t rc = hipGetDeviceCount(&n);
+    if (rc != hipSuccess)
+      return std::string("hipGetDeviceCount: ") + hipGetErrorString(rc);
+    return std::nullopt;
+  }
+
+  static std::optional<std::string> total_memory(int device,
+                                                 std::uint64_t& total) {
+    std::size_t free_bytes = 0, total_bytes = 0;
+    hipError_t rc = hipSetDevice(device);
+    if (rc == hipSuccess)
+      rc = hipMemGetInfo(&free_bytes, &total_bytes);
+    if (rc != hipSuccess)
+      return std::string("hipMemGetInfo: ") + hipGetErrorString(rc);
+    total = total_bytes;
+    return std::nullopt;
+  }
+};
 
 } // namespace
 
-hip_context::hip_context(const chip_spec& spec,
-                         chip_clock::wall_clock::time_point origin,
-                         int threads, clock_mode clock)
-  : device_context(spec, checked_capacity(spec), chip_clock(clock, origin),
-                   threads) {
+hip_context::hip_context(const chip_spec& spec, chip_clock clock, int threads)
+    : device_context(spec, detail::checked_gpu_capacity<hip_api>(spec),
+                     std::move(clock), threads) {
 }
 
 c10::Device hip_context::torch_device() const {
+  // ROCm builds of libtorch name HIP devices "cuda".
   return c10::Device(c10::kCUDA,
                      static_cast<c10::DeviceIndex>(spec().device_index));
 }

@@ -61,35 +61,35 @@ TEST_F(metrics_exposition, promtool_accepts_a_full_registry) {
   r.get_counter("h2_transferred_bytes_total",
                 "Bytes sent between chips.\nPer link.",
                 {{"chip", "0:0"}, {"peer", "1:0"}})
-      .inc(1.5e12);
+    .inc(1.5e12);
   r.get_counter("h2_transferred_bytes_total",
                 "Bytes sent between chips.\nPer link.",
                 {{"chip", "0:1"}, {"peer", "1:1"}});
   r.get_gauge("h2_memory_used_bytes", "Device memory in use, back\\slash.",
               {{"chip", "0:0"}, {"vendor", "NVIDIA"}})
-      .set(7.25e10);
+    .set(7.25e10);
   r.get_gauge("h2_memory_used_bytes", "Device memory in use, back\\slash.",
               {{"chip", "0:1"}, {"vendor", "AMD \"Instinct\""}})
-      .set(0.1);
+    .set(0.1);
   auto& awkward =
-      r.get_gauge("h2_awkward_ratio", "Values and labels that need care.",
-                  {{"path", "C:\\runs\\"},
-                   {"quote", "\"x\""},
-                   {"nl", "a\nb"},
-                   {"utf8", "\xC3\xA9t\xC3\xA9 \xE2\x9C\x93"},
-                   {"bad", "\xFF\xFE"},
-                   {"empty", ""},
-                   {"brace", "}{,="}});
+    r.get_gauge("h2_awkward_ratio", "Values and labels that need care.",
+                {{"path", "C:\\runs\\"},
+                 {"quote", "\"x\""},
+                 {"nl", "a\nb"},
+                 {"utf8", "\xC3\xA9t\xC3\xA9 \xE2\x9C\x93"},
+                 {"bad", "\xFF\xFE"},
+                 {"empty", ""},
+                 {"brace", "}{,="}});
   awkward.set(std::numeric_limits<double>::quiet_NaN());
   r.get_gauge("h2_awkward_ratio", "Values and labels that need care.",
               {{"path", "pos"}})
-      .set(std::numeric_limits<double>::infinity());
+    .set(std::numeric_limits<double>::infinity());
   r.get_gauge("h2_awkward_ratio", "Values and labels that need care.",
               {{"path", "neg"}})
-      .set(-std::numeric_limits<double>::infinity());
+    .set(-std::numeric_limits<double>::infinity());
   r.get_gauge("h2_awkward_ratio", "Values and labels that need care.",
               {{"path", "tiny"}})
-      .set(1e-300);
+    .set(1e-300);
   auto& h = r.get_histogram("h2_step_seconds", "Time of one step.",
                             {0.001, 0.01, 0.1, 1, 10}, {{"stage", "0"}});
   for (double v : {0.0005, 0.02, 0.5, 0.7, 30.0})
@@ -97,7 +97,7 @@ TEST_F(metrics_exposition, promtool_accepts_a_full_registry) {
   r.get_histogram("h2_step_seconds", "Time of one step.",
                   {0.001, 0.01, 0.1, 1, 10}, {{"stage", "1"}});
   r.get_histogram("h2_queue_wait_seconds", "No buckets but +Inf.", {})
-      .observe(3);
+    .observe(3);
 
   auto text = r.expose();
   auto [code, log] = promtool_check(text, "full");

@@ -91,8 +91,8 @@ reply send_request(std::uint16_t port, const std::string& request) {
 reply get(std::uint16_t port, const std::string& target,
           const std::string& method = "GET") {
   return send_request(port, method + " " + target +
-                                " HTTP/1.1\r\nHost: 127.0.0.1\r\n"
-                                "User-Agent: h2-test\r\n\r\n");
+                              " HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                              "User-Agent: h2-test\r\n\r\n");
 }
 
 /// A connected client that sends nothing.
@@ -113,13 +113,13 @@ public:
     bool closed = false;
     std::array<char, 256> buf;
     std::function<void(asio::error_code, std::size_t)> on_read =
-        [&](asio::error_code ec, std::size_t) {
-          if (ec) {
-            closed = true;
-            return;
-          }
-          socket_.async_read_some(asio::buffer(buf), on_read);
-        };
+      [&](asio::error_code ec, std::size_t) {
+        if (ec) {
+          closed = true;
+          return;
+        }
+        socket_.async_read_some(asio::buffer(buf), on_read);
+      };
     socket_.async_read_some(asio::buffer(buf), on_read);
     io_.restart();
     io_.run_for(deadline);
@@ -200,18 +200,17 @@ TEST_F(metrics_http_server_test, other_methods_are_405) {
   // A POST with a body the server never reads still gets its answer.
   auto r = send_request(port_, "POST /metrics HTTP/1.1\r\nContent-Length: 20000"
                                "\r\n\r\n" +
-                                   std::string(20000, 'x'));
+                                 std::string(20000, 'x'));
   EXPECT_EQ(r.status, 405) << r.raw;
   EXPECT_EQ(scrapes_, 0);
 }
 
 TEST_F(metrics_http_server_test, malformed_requests_are_400) {
   for (const std::string& request : std::vector<std::string>{
-           "\r\n\r\n", "GET\r\n\r\n", "GET /metrics\r\n\r\n",
-           "GET  /metrics HTTP/1.1\r\n\r\n", "GET metrics HTTP/1.1\r\n\r\n",
-           "G(T /metrics HTTP/1.1\r\n\r\n", "GET /metrics FTP/1.0\r\n\r\n",
-           std::string("\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03\n\n",
-                       13)}) {
+         "\r\n\r\n", "GET\r\n\r\n", "GET /metrics\r\n\r\n",
+         "GET  /metrics HTTP/1.1\r\n\r\n", "GET metrics HTTP/1.1\r\n\r\n",
+         "G(T /metrics HTTP/1.1\r\n\r\n", "GET /metrics FTP/1.0\r\n\r\n",
+         std::string("\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03\n\n", 13)}) {
     auto r = send_request(port_, request);
     EXPECT_TRUE(r.finished);
     EXPECT_EQ(r.status, 400) << request << "\n" << r.raw;
@@ -220,21 +219,20 @@ TEST_F(metrics_http_server_test, malformed_requests_are_400) {
   // HTTP/1.0 and bare line feeds are served.
   EXPECT_EQ(send_request(port_, "GET /metrics HTTP/1.0\n\n").status, 200);
   EXPECT_EQ(
-      send_request(port_, "GET http://h:1/metrics HTTP/1.1\r\n\r\n").status,
-      200);
+    send_request(port_, "GET http://h:1/metrics HTTP/1.1\r\n\r\n").status, 200);
 }
 
 TEST_F(metrics_http_server_test, oversized_head_is_rejected) {
   // Within the limit: served.
   std::string big_header(6000, 'a');
   auto ok = send_request(
-      port_, "GET /metrics HTTP/1.1\r\nX-Big: " + big_header + "\r\n\r\n");
+    port_, "GET /metrics HTTP/1.1\r\nX-Big: " + big_header + "\r\n\r\n");
   EXPECT_EQ(ok.status, 200) << ok.raw.substr(0, 200);
   // Over it, with or without an end: 431, and the server never scrapes.
   int before = scrapes_;
   std::string huge(http_server::max_request_head_bytes * 2, 'a');
-  auto r = send_request(port_,
-                        "GET /metrics HTTP/1.1\r\nX-Big: " + huge + "\r\n\r\n");
+  auto r =
+    send_request(port_, "GET /metrics HTTP/1.1\r\nX-Big: " + huge + "\r\n\r\n");
   EXPECT_TRUE(r.finished);
   EXPECT_EQ(r.status, 431) << r.raw.substr(0, 200);
   auto endless = send_request(port_, "GET /metrics HTTP/1.1\r\n" + huge);
@@ -330,14 +328,14 @@ TEST(metrics_http_server, port_in_use_is_an_error) {
     FAIL() << "bound a port in use";
   } catch (const h2::error& e) {
     std::string expected =
-        "cannot listen on 127.0.0.1:" + std::to_string(first.port()) + ": ";
+      "cannot listen on 127.0.0.1:" + std::to_string(first.port()) + ": ";
     EXPECT_EQ(std::string(e.what()).rfind(expected, 0), 0u) << e.what();
   }
 }
 
 TEST(metrics_http_server, stop_is_prompt_and_idempotent) {
   auto server =
-      std::make_unique<http_server>("127.0.0.1", 0, [] { return "x\n"; });
+    std::make_unique<http_server>("127.0.0.1", 0, [] { return "x\n"; });
   auto port = server->port();
   ASSERT_EQ(get(port, "/metrics").status, 200);
   silent_client silent(port);

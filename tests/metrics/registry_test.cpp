@@ -36,7 +36,7 @@ TEST(metrics_registry, label_order_does_not_make_another_series) {
   // Exposed in the order first given.
   EXPECT_NE(r.expose().find("h2_g{chip=\"0:0\",stage=\"1\"} 2\n"),
             std::string::npos)
-      << r.expose();
+    << r.expose();
 }
 
 TEST(metrics_registry, references_survive_many_registrations) {
@@ -105,7 +105,7 @@ TEST(metrics_registry, misuse_is_an_internal_error) {
                internal_error);
   // A trailing +Inf is the implicit bucket, so these bounds are the same.
   EXPECT_NO_THROW(r.get_histogram(
-      "h2_h", "H.", {1, 2, std::numeric_limits<double>::infinity()}));
+    "h2_h", "H.", {1, 2, std::numeric_limits<double>::infinity()}));
   // Sample names of different families must not clash.
   EXPECT_THROW(r.get_gauge("h2_h_count", "G."), internal_error);
   r.get_gauge("h2_k_sum", "G.");
@@ -167,7 +167,7 @@ TEST(metrics_registry, expose_escapes_help_and_label_values) {
   registry r;
   r.get_gauge("h2_g", "Line one\nback\\slash \"quoted\"",
               {{"path", "C:\\dir\\"}, {"q", "say \"hi\""}, {"nl", "a\nb"}})
-      .set(1);
+    .set(1);
   EXPECT_EQ(r.expose(),
             "# HELP h2_g Line one\\nback\\\\slash \"quoted\"\n"
             "# TYPE h2_g gauge\n"
@@ -178,11 +178,11 @@ TEST(metrics_registry, expose_escapes_help_and_label_values) {
 TEST(metrics_registry, expose_replaces_invalid_utf8) {
   registry r;
   r.get_gauge("h2_g", "G.", {{"a", "ok \xC3\xA9 bad \xFF end \xE2\x82"}})
-      .set(1);
+    .set(1);
   EXPECT_NE(r.expose().find("a=\"ok \xC3\xA9 bad \xEF\xBF\xBD end "
                             "\xEF\xBF\xBD\xEF\xBF\xBD\"}"),
             std::string::npos)
-      << r.expose();
+    << r.expose();
 }
 
 TEST(metrics_registry, histogram_buckets_are_cumulative) {
@@ -200,9 +200,9 @@ TEST(metrics_registry, histogram_buckets_are_cumulative) {
             "h2_step_seconds_bucket{chip=\"0:0\",le=\"2.5\"} 5\n"
             "h2_step_seconds_bucket{chip=\"0:0\",le=\"+Inf\"} 7\n"
             "h2_step_seconds_sum{chip=\"0:0\"} " +
-                format_value(0.001 + 0.005 + 0.05 + 0.1 + 0.5 + 3.0 + 100.0) +
-                "\n"
-                "h2_step_seconds_count{chip=\"0:0\"} 7\n");
+              format_value(0.001 + 0.005 + 0.05 + 0.1 + 0.5 + 3.0 + 100.0) +
+              "\n"
+              "h2_step_seconds_count{chip=\"0:0\"} 7\n");
 }
 
 TEST(metrics_registry, histogram_edge_cases) {

@@ -41,24 +41,24 @@ double step_seconds(const schedule& sc, double forward_seconds,
             (x.kind == recv_backward && sent_bwd[s + 1][i] < 0))
           break; // blocked until the neighbour sends
         switch (x.kind) {
-        case recv_forward:
-          clock[s] = std::max(clock[s], sent_fwd[s - 1][i]);
-          break;
-        case recv_backward:
-          clock[s] = std::max(clock[s], sent_bwd[s + 1][i]);
-          break;
-        case forward:
-          clock[s] += forward_seconds;
-          break;
-        case backward:
-          clock[s] += backward_seconds;
-          break;
-        case send_forward:
-          sent_fwd[s][i] = clock[s];
-          break;
-        case send_backward:
-          sent_bwd[s][i] = clock[s];
-          break;
+          case recv_forward:
+            clock[s] = std::max(clock[s], sent_fwd[s - 1][i]);
+            break;
+          case recv_backward:
+            clock[s] = std::max(clock[s], sent_bwd[s + 1][i]);
+            break;
+          case forward:
+            clock[s] += forward_seconds;
+            break;
+          case backward:
+            clock[s] += backward_seconds;
+            break;
+          case send_forward:
+            sent_fwd[s][i] = clock[s];
+            break;
+          case send_backward:
+            sent_bwd[s][i] = clock[s];
+            break;
         }
       }
     }
@@ -220,8 +220,8 @@ TEST(scheduler_schedule, forward_only_3x2_by_hand) {
   EXPECT_EQ(sc.micro_batches, 2);
   ASSERT_EQ(sc.ops.size(), 3u);
   EXPECT_EQ(
-      sc.ops[0],
-      (ops{{forward, 0}, {send_forward, 0}, {forward, 1}, {send_forward, 1}}));
+    sc.ops[0],
+    (ops{{forward, 0}, {send_forward, 0}, {forward, 1}, {send_forward, 1}}));
   EXPECT_EQ(sc.ops[1], (ops{{recv_forward, 0},
                             {forward, 0},
                             {send_forward, 0},
@@ -229,8 +229,8 @@ TEST(scheduler_schedule, forward_only_3x2_by_hand) {
                             {forward, 1},
                             {send_forward, 1}}));
   EXPECT_EQ(
-      sc.ops[2],
-      (ops{{recv_forward, 0}, {forward, 0}, {recv_forward, 1}, {forward, 1}}));
+    sc.ops[2],
+    (ops{{recv_forward, 0}, {forward, 0}, {recv_forward, 1}, {forward, 1}}));
 }
 
 // Every shape up to 8 stages x 32 micro-batches: the generated lists pass
@@ -248,7 +248,7 @@ TEST(scheduler_schedule, invariants_for_every_shape) {
           const size_t per_mb = 2u + (s > 0 ? 2u : 0u) + (s < p - 1 ? 2u : 0u);
           EXPECT_EQ(sc.ops[s].size(), per_mb * m) << "stage " << s;
           EXPECT_EQ(peak_in_flight(sc, s), in_flight_bound(kind, p, s, m))
-              << "stage " << s;
+            << "stage " << s;
         }
       }
     }
@@ -266,7 +266,7 @@ TEST(scheduler_schedule, forward_only_invariants_for_every_shape) {
         EXPECT_EQ(sc.ops[s].size(), per_mb * m) << "stage " << s;
         EXPECT_EQ(peak_in_flight(sc, s),
                   in_flight_bound(schedule_kind::gpipe, p, s, m))
-            << "stage " << s;
+          << "stage " << s;
       }
     }
   }

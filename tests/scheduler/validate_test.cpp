@@ -22,7 +22,7 @@ void expect_rejected(const schedule& sc, const std::string& needle) {
     ADD_FAILURE() << "validate() accepted the schedule; expected: " << needle;
   } catch (const internal_error& e) {
     EXPECT_NE(std::string(e.what()).find(needle), std::string::npos)
-        << "message: " << e.what() << "\nexpected to contain: " << needle;
+      << "message: " << e.what() << "\nexpected to contain: " << needle;
   }
 }
 

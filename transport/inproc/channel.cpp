@@ -29,8 +29,8 @@ struct link {
 
 class endpoint final : public channel {
 public:
-  endpoint(std::shared_ptr<link> l, int side) : link_(std::move(l)),
-                                                side_(side) {}
+  endpoint(std::shared_ptr<link> l, int side)
+      : link_(std::move(l)), side_(side) {}
 
   ~endpoint() override { close(); }
 
@@ -86,7 +86,11 @@ public:
                               "inproc peer closed the channel while tag " +
                                 std::to_string(tag) + " was awaited"));
     } else {
-      in.waiters[tag].push_back(s);
+      // Receives that timed out are still queued here; drop them so a loop
+      // polling a quiet tag does not grow the list.
+      auto& ws = in.waiters[tag];
+      std::erase_if(ws, [](const waiter& w) { return w->ended(); });
+      ws.push_back(s);
     }
     return pending_message(std::move(s));
   }

@@ -10,5 +10,6 @@ using step_atom = caf::atom_constant<caf::atom("step")>;
 using update_atom = caf::atom_constant<caf::atom("update")>;
 using eval_atom = caf::atom_constant<caf::atom("eval")>;
 using train_atom = caf::atom_constant<caf::atom("train")>;
+using params_atom = caf::atom_constant<caf::atom("params")>;
 
 } // namespace h2::actors

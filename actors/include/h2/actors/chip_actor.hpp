@@ -16,6 +16,7 @@ namespace h2::actors {
 /// - (step_atom, step_command) -> chip_step_report
 /// - (update_atom, update_command) -> chip_update_report
 /// - (eval_atom, eval_command) -> chip_eval_report
+/// - (params_atom) -> std::vector<parameter_values>
 /// Spawn with caf::detached.
 caf::behavior chip_actor(caf::event_based_actor* self, worker_setup setup);
 

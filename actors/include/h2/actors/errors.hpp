@@ -22,13 +22,13 @@ enum class errc : std::uint8_t {
   out_of_memory = 1,
   device_unavailable,
   transport_timeout,
-  peer_lost,     ///< a neighbour closed or died (often a consequence)
+  peer_lost, ///< a neighbour closed or died (often a consequence)
   corrupt_frame,
   unauthorized,
-  cancelled,     ///< aborted by this process (second signal, shutdown)
+  cancelled, ///< aborted by this process (second signal, shutdown)
   bad_config,
   internal,
-  failed,        ///< any other failure
+  failed, ///< any other failure
 };
 
 /// The caf::error category atom of H2's errors.
@@ -41,6 +41,9 @@ caf::error make_error(errc code, std::string message);
 
 /// Classifies the exception in flight (h2 errors by type, others as failed).
 caf::error current_exception_error();
+
+/// Classifies a stored exception the same way.
+caf::error exception_error(const std::exception_ptr& e);
 
 /// A failure as the application sees it.
 struct failure {

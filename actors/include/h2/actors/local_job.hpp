@@ -4,6 +4,7 @@
 #pragma once
 
 #include "h2/actors/observer.hpp"
+#include "h2/core/cancellation.hpp"
 #include "h2/core/job.hpp"
 #include "h2/core/plan.hpp"
 #include "h2/transport/channel.hpp"
@@ -20,32 +21,48 @@ namespace h2::actors {
 /// Registers H2's message types and error category with a CAF config.
 void register_types(caf::actor_system_config& cfg);
 
+/// What to run.
+struct run_options {
+  int steps = 1;
+  /// Keep a copy of every parameter at the end (parameters()).
+  bool collect_parameters = false;
+};
+
 class local_job {
 public:
-  /// `p` must be valid for `job` (validate_plan).
+  /// `p` must be valid for `job` (validate_plan) and have one replica;
+  /// throws config_error otherwise.
   local_job(std::shared_ptr<const job_config> job, plan p);
   ~local_job();
 
   local_job(const local_job&) = delete;
   local_job& operator=(const local_job&) = delete;
 
-  /// Trains `steps` steps, reporting to `observer`, stopping early at a step
-  /// boundary once `*stop` is non-zero. Blocks. Throws run_error with the
-  /// root cause when a chip fails (every chip is stopped and every resource
-  /// released first).
-  run_summary run(int steps, training_observer& observer,
-                  std::shared_ptr<std::atomic<int>> stop);
+  /// Trains opts.steps steps, reporting to `observer`, stopping early at a
+  /// step boundary once `*stop` is non-zero (`stop` may be null). Blocks.
+  /// Throws run_error with the root cause when a chip fails (every chip is
+  /// stopped and every resource released first).
+  run_summary run(const run_options& opts, training_observer& observer,
+                  std::shared_ptr<std::atomic<int>> stop = nullptr);
 
-  /// Fails the step in flight at once: closes every channel so every wait
-  /// ends with `cancelled`. Thread-safe; may be called from a signal watcher.
+  /// The parameters at the end of the last run, in global layer order (of
+  /// replica 0), when it was asked to collect them.
+  const std::vector<parameter_values>& parameters() const noexcept {
+    return parameters_;
+  }
+
+  /// Fails the step in flight at once: cancels every chip's waits and op
+  /// loop and closes every channel. A run aborted before it starts fails at
+  /// once. Thread-safe; may be called from a signal watcher.
   void abort() noexcept;
 
 private:
   std::shared_ptr<const job_config> job_;
   plan plan_;
+  std::shared_ptr<cancellation> cancel_ = std::make_shared<cancellation>();
   std::mutex mutex_;
   std::vector<std::shared_ptr<transport::channel>> channels_;
-  bool aborted_ = false;
+  std::vector<parameter_values> parameters_;
 };
 
 } // namespace h2::actors

@@ -34,12 +34,15 @@ struct op_record {
   std::int32_t micro_batch = 0;
   double start = 0;
   double end = 0;
+  /// The op's time on the virtual clock: emulated (or measured on real
+  /// devices) for compute ops, the idle jump for receives.
+  double virtual_seconds = 0;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, op_record& x) {
   return f(caf::meta::type_name("op_record"), x.kind, x.micro_batch, x.start,
-           x.end);
+           x.end, x.virtual_seconds);
 }
 
 /// Times of a chip on both clocks, seconds since the run's origin.
@@ -75,8 +78,7 @@ struct channel_traffic {
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, channel_traffic& x) {
-  return f(caf::meta::type_name("channel_traffic"), x.peer, x.sent,
-           x.received);
+  return f(caf::meta::type_name("channel_traffic"), x.peer, x.sent, x.received);
 }
 
 /// A chip is ready: its stage is built.
@@ -129,11 +131,10 @@ struct chip_step_report {
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, chip_step_report& x) {
-  return f(caf::meta::type_name("chip_step_report"), x.chip, x.replica,
-           x.stage, x.first_layer, x.layer_squared_norms, x.loss, x.start,
-           x.phase_end, x.forward_seconds, x.backward_seconds, x.idle_seconds,
-           x.memory, x.traffic, x.overruns,
-           x.overrun_seconds, x.ops);
+  return f(caf::meta::type_name("chip_step_report"), x.chip, x.replica, x.stage,
+           x.first_layer, x.layer_squared_norms, x.loss, x.start, x.phase_end,
+           x.forward_seconds, x.backward_seconds, x.idle_seconds, x.memory,
+           x.traffic, x.overruns, x.overrun_seconds, x.ops);
 }
 
 /// The optimizer phase of a step.
@@ -186,6 +187,18 @@ struct chip_eval_report {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, chip_eval_report& x) {
   return f(caf::meta::type_name("chip_eval_report"), x.chip, x.loss, x.end);
+}
+
+/// The values of one parameter (fp32 master weights), for tests and tools.
+struct parameter_values {
+  std::string name; ///< "block3.attn.qkv.weight"
+  std::vector<std::int64_t> shape;
+  std::vector<float> values;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, parameter_values& x) {
+  return f(caf::meta::type_name("parameter_values"), x.name, x.shape, x.values);
 }
 
 } // namespace h2::actors

@@ -14,10 +14,10 @@ namespace h2::actors {
 
 /// The end of a run.
 struct run_summary {
-  int steps = 0;             ///< steps completed
+  int steps = 0;              ///< steps completed
   bool stopped_early = false; ///< a stop request ended it before its last step
   double final_loss = 0;
-  double final_val_loss = -1; ///< < 0: no validation ran
+  double final_val_loss = -1;   ///< < 0: no validation ran
   double mean_step_seconds = 0; ///< run clock, steps after the first
   double tokens_per_second = 0; ///< over the same steps
   double mean_bubble_fraction = 0;
@@ -46,6 +46,24 @@ public:
 
   /// A validation pass after step `step` (0-based) finished.
   virtual void on_eval(int step, double val_loss) {}
+};
+
+/// Keeps every step summary and validation loss (tests, benchmarks, tools).
+class step_recorder : public training_observer {
+public:
+  void on_step(const step_summary& s) override { steps.push_back(s); }
+  void on_eval(int, double loss) override { val_losses.push_back(loss); }
+
+  /// The training loss of every step so far.
+  std::vector<double> losses() const {
+    std::vector<double> out;
+    for (const auto& s : steps)
+      out.push_back(s.loss);
+    return out;
+  }
+
+  std::vector<step_summary> steps;
+  std::vector<double> val_losses;
 };
 
 } // namespace h2::actors

@@ -21,7 +21,7 @@ namespace h2::actors {
 struct run_context {
   std::shared_ptr<const job_config> job;
   plan the_plan;
-  std::vector<caf::actor> chips; ///< every chip actor of the plan
+  std::vector<caf::actor> chips;         ///< every chip actor of the plan
   training_observer* observer = nullptr; ///< outlives the run
   /// Set (to 1) to stop at the next step boundary.
   std::shared_ptr<std::atomic<int>> stop;

@@ -39,6 +39,8 @@ struct worker_setup {
   chip_profile prev_profile, next_profile;
   /// Wall time that counts as 0 on every chip's clock.
   devices::chip_clock::wall_clock::time_point origin;
+  /// Cancelled when the job aborts: waits end, the op loop stops.
+  std::shared_ptr<const cancellation> cancel;
 };
 
 class stage_worker {
@@ -60,6 +62,9 @@ public:
 
   setup_report ready_report() const;
 
+  /// Copies of the stage's parameters, layer by layer.
+  std::vector<parameter_values> parameters() const;
+
   /// Closes both channels: waiting neighbours fail with peer_closed, this
   /// worker's own waits with cancelled. Thread-safe.
   void close_channels() noexcept;
@@ -70,6 +75,8 @@ public:
 
 private:
   struct op_context;
+  /// Throws cancelled_error once the job is cancelled.
+  void check_cancelled() const;
   memory_report memory_now() const;
   clock_pair clocks() const;
   double layer_seconds(devices::pass p) const;

@@ -23,7 +23,7 @@ struct chip_step_stats {
   double idle_seconds = 0;
   memory_report memory;
   std::vector<channel_traffic> traffic; ///< this step, per neighbour
-  std::uint64_t overruns = 0; ///< cumulative, wall clock only
+  std::uint64_t overruns = 0;           ///< cumulative, wall clock only
   double overrun_seconds = 0;
 };
 
@@ -34,10 +34,10 @@ struct traced_op {
 };
 
 struct step_summary {
-  int step = 0;          ///< 0-based
-  double loss = 0;       ///< mean token loss of the global batch
+  int step = 0;    ///< 0-based
+  double loss = 0; ///< mean token loss of the global batch
   double lr = 0;
-  double grad_norm = 0;  ///< before clipping
+  double grad_norm = 0; ///< before clipping
   double clip_coefficient = 1;
   double step_seconds = 0; ///< in the run's clock
   double virtual_step_seconds = 0;

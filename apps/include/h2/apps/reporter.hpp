@@ -18,10 +18,10 @@ namespace h2::apps {
 
 struct reporter_options {
   int total_steps = 0;
-  bool quiet = false;       ///< no progress lines (the summary still prints)
-  std::string json_log;     ///< "" for none
-  std::string trace;        ///< "" for none
-  std::FILE* out = stdout;  ///< where progress and the summary go
+  bool quiet = false;      ///< no step or eval lines (the summary prints)
+  std::string json_log;    ///< "" for none
+  std::string trace;       ///< "" for none
+  std::FILE* out = stdout; ///< where progress and the summary go
 };
 
 class reporter final : public actors::training_observer {

@@ -45,7 +45,7 @@ enum class device_errc {
 class device_error : public error {
 public:
   device_error(device_errc code, const std::string& message)
-    : error(message), code_(code) {}
+      : error(message), code_(code) {}
 
   device_errc code() const noexcept { return code_; }
 
@@ -71,12 +71,18 @@ std::string_view to_string(transport_errc code) noexcept;
 class transport_error : public error {
 public:
   transport_error(transport_errc code, const std::string& message)
-    : error(message), code_(code) {}
+      : error(message), code_(code) {}
 
   transport_errc code() const noexcept { return code_; }
 
 private:
   transport_errc code_;
+};
+
+/// Work stopped because the job was cancelled (an abort).
+class cancelled_error : public error {
+public:
+  using error::error;
 };
 
 /// A broken invariant: a bug in H2, not in the user's input.

@@ -54,8 +54,8 @@ struct layer_work {
 
 /// Analytic FLOPs and bytes of `layer` for a micro-batch (attention counted
 /// in full, as dense kernels compute it).
-layer_work compute_layer_work(const gpt_config& cfg, int layer,
-                              int micro_batch, dtype d);
+layer_work compute_layer_work(const gpt_config& cfg, int layer, int micro_batch,
+                              dtype d);
 
 /// FLOPs of one training step of the whole model on `tokens` tokens
 /// (forward + backward, the 6N-plus-attention rule).

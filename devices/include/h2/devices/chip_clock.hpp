@@ -7,10 +7,12 @@
 // CPU time exceeds their emulated time are counted as overruns.
 #pragma once
 
+#include "h2/core/cancellation.hpp"
 #include "h2/core/job.hpp"
 
 #include <chrono>
 #include <cstdint>
+#include <memory>
 
 namespace h2::devices {
 
@@ -19,8 +21,10 @@ public:
   using wall_clock = std::chrono::steady_clock;
 
   /// `origin` is the wall time that counts as 0 (shared by all chips of a
-  /// process so wall timestamps compare).
-  chip_clock(clock_mode mode, wall_clock::time_point origin);
+  /// process so wall timestamps compare). Wall-clock waits end early with
+  /// cancelled_error once `cancel` (may be null) is cancelled.
+  chip_clock(clock_mode mode, wall_clock::time_point origin,
+             std::shared_ptr<const cancellation> cancel = nullptr);
 
   clock_mode mode() const noexcept { return mode_; }
 
@@ -60,6 +64,7 @@ private:
 
   clock_mode mode_;
   wall_clock::time_point origin_;
+  std::shared_ptr<const cancellation> cancel_;
   double virtual_ = 0;
   std::uint64_t overruns_ = 0;
   double overrun_seconds_ = 0;

@@ -50,6 +50,7 @@ public:
 private:
   bool active_ = false;
   bool previous_enabled_ = false;
+  at::ScalarType previous_dtype_ = at::kBFloat16;
 };
 
 class device_context {
@@ -125,12 +126,12 @@ private:
   int threads_;
 };
 
-/// Creates the device context a chip spec asks for. Throws
-/// device_error(unavailable) when its backend was not built or its device
-/// does not exist here.
-std::unique_ptr<device_context>
-make_device(const chip_spec& spec, const emulation_config& emulation,
-            chip_clock::wall_clock::time_point origin, int threads);
+/// Creates the device context a chip spec asks for, keeping time with
+/// `clock`. Throws device_error(unavailable) when its backend was not built
+/// or its device does not exist here.
+std::unique_ptr<device_context> make_device(const chip_spec& spec,
+                                            const emulation_config& emulation,
+                                            chip_clock clock, int threads);
 
 /// The backends compiled into this build, e.g. {"cpu", "emulated", "cuda"}.
 std::vector<std::string> built_backends();

@@ -13,6 +13,7 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
 
 namespace h2::devices {
@@ -42,13 +43,18 @@ public:
   /// because libtorch may rethrow errors from inside ops as its own type.
   std::string last_failure() const;
 
+  /// How many reservations have failed so far: compare before and after an
+  /// operation to tell whether it ran out of memory.
+  std::uint64_t failures() const noexcept { return failures_.load(); }
+
 private:
   std::string chip_;
   std::uint64_t capacity_;
   std::atomic<std::uint64_t> used_{0};
   std::atomic<std::uint64_t> peak_{0};
-  mutable std::atomic<bool> failed_{false};
-  std::string failure_; // written once before failed_ is set
+  std::atomic<std::uint64_t> failures_{0};
+  mutable std::mutex failure_mutex_;
+  std::string failure_; ///< the latest failure; guarded by failure_mutex_
 };
 
 /// Binds the calling thread's CPU allocations to `account` for the binding's

@@ -24,6 +24,15 @@ inline void set_cpu_autocast(bool enabled, at::ScalarType dtype) {
 #endif
 }
 
+/// The dtype CPU autocast casts to on the calling thread.
+inline at::ScalarType cpu_autocast_dtype() {
+#if H2_TORCH_AT_LEAST(2, 4)
+  return at::autocast::get_autocast_dtype(at::kCPU);
+#else
+  return at::autocast::get_autocast_cpu_dtype();
+#endif
+}
+
 /// Whether CPU autocast is on for the calling thread.
 inline bool cpu_autocast_enabled() {
 #if H2_TORCH_AT_LEAST(2, 4)
@@ -40,7 +49,7 @@ inline bool cpu_autocast_enabled() {
 #if H2_TORCH_AT_LEAST(2, 3)
 #define H2_ALLOCATE_CONST
 #define H2_ALLOCATOR_COPY_DATA                                                 \
-  void copy_data(void* dest, const void* src, std::size_t count)              \
+  void copy_data(void* dest, const void* src, std::size_t count)               \
     const override {                                                           \
     default_copy_data(dest, src, count);                                       \
   }

@@ -56,9 +56,7 @@ public:
   double entropy_rate() const noexcept { return entropy_rate_; }
 
   /// The stationary distribution (power iteration to 1e-15).
-  const std::vector<double>& stationary() const noexcept {
-    return stationary_;
-  }
+  const std::vector<double>& stationary() const noexcept { return stationary_; }
 
   /// H(pi), nats.
   double stationary_entropy() const noexcept;

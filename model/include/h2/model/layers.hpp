@@ -19,9 +19,9 @@ namespace h2::model {
 
 /// One trainable tensor with its optimizer state.
 struct parameter {
-  std::string name;   ///< "block3.attn.qkv.weight"
-  at::Tensor value;   ///< fp32 master weight, requires_grad
-  bool decay = false; ///< weight decay applies (matrices, not biases/norms)
+  std::string name;      ///< "block3.attn.qkv.weight"
+  at::Tensor value;      ///< fp32 master weight, requires_grad
+  bool decay = false;    ///< weight decay applies (matrices, not biases/norms)
   at::Tensor exp_avg;    ///< AdamW first moment (allocated on first step)
   at::Tensor exp_avg_sq; ///< AdamW second moment (allocated on first step)
 };
@@ -50,9 +50,7 @@ public:
   int index() const noexcept { return index_; }
   layer_kind kind() const noexcept { return kind_; }
   std::vector<parameter>& parameters() noexcept { return params_; }
-  const std::vector<parameter>& parameters() const noexcept {
-    return params_;
-  }
+  const std::vector<parameter>& parameters() const noexcept { return params_; }
 
   /// Number of scalar parameters.
   std::int64_t parameter_count() const;

@@ -35,8 +35,8 @@ struct clock_stamp {
 struct message {
   std::uint64_t tag = 0;
   clock_stamp sent;
-  at::Tensor tensor;             ///< defined for tensor payloads
-  std::vector<std::byte> bytes;  ///< the payload otherwise
+  at::Tensor tensor;            ///< defined for tensor payloads
+  std::vector<std::byte> bytes; ///< the payload otherwise
 
   /// Bytes of the payload (tensor data or byte buffer).
   std::uint64_t payload_bytes() const noexcept;
@@ -112,6 +112,8 @@ struct pending_message::state {
   bool complete(message& m);
   /// Fails the receive unless it already ended.
   void fail(const transport_error& e);
+  /// True once completed, failed or timed out.
+  bool ended();
 };
 
 } // namespace h2::transport

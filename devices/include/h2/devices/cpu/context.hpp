@@ -8,8 +8,7 @@ namespace h2::devices {
 
 class cpu_context final : public device_context {
 public:
-  cpu_context(const chip_spec& spec, chip_clock::wall_clock::time_point origin,
-              int threads, clock_mode clock);
+  cpu_context(const chip_spec& spec, chip_clock clock, int threads);
 
   c10::Device torch_device() const override { return c10::kCPU; }
   at::Tensor to_device(const at::Tensor& host) const override { return host; }

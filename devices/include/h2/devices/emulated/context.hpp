@@ -11,7 +11,7 @@ namespace h2::devices {
 class emulated_context final : public device_context {
 public:
   emulated_context(const chip_spec& spec, const emulation_config& emulation,
-                   chip_clock::wall_clock::time_point origin, int threads);
+                   chip_clock clock, int threads);
 
   c10::Device torch_device() const override { return c10::kCPU; }
   at::Tensor to_device(const at::Tensor& host) const override { return host; }

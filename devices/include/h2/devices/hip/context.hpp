@@ -11,8 +11,7 @@ class hip_context final : public device_context {
 public:
   /// Throws device_error(unavailable) when no such device exists or libtorch
   /// lacks ROCm.
-  hip_context(const chip_spec& spec, chip_clock::wall_clock::time_point origin,
-              int threads, clock_mode clock);
+  hip_context(const chip_spec& spec, chip_clock clock, int threads);
 
   c10::Device torch_device() const override;
   void synchronize() const override;

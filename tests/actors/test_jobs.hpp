@@ -1,0 +1,68 @@
+// Small jobs and a single-chip reference trainer shared by the actors tests.
+#pragma once
+
+#include "h2/actors/local_job.hpp"
+#include "h2/core/job.hpp"
+#include "h2/model/data.hpp"
+#include "h2/model/optim.hpp"
+#include "h2/model/stage.hpp"
+#include "h2/model/trainer.hpp"
+#include "h2/scheduler/plan_builder.hpp"
+#include "h2/scheduler/schedule.hpp"
+
+#include <ATen/Parallel.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace h2::test {
+
+using recording_observer = actors::step_recorder;
+
+/// Runs `job` with the plan its [plan] table describes.
+inline actors::run_summary
+run_job(const job_config& job, recording_observer& obs,
+        std::vector<actors::parameter_values>* params = nullptr) {
+  auto shared = std::make_shared<job_config>(job);
+  actors::local_job local(shared, scheduler::make_plan(job));
+  auto summary = local.run({job.train.steps, params != nullptr}, obs);
+  if (params != nullptr)
+    *params = local.parameters();
+  return summary;
+}
+
+/// The same training on one chip, without actors or channels
+/// (model::single_chip_trainer), gradients accumulated in the order the
+/// schedule's stages run their backwards. One intra-op thread, fp32.
+struct reference_result {
+  std::vector<double> losses;
+  std::vector<actors::parameter_values> params;
+};
+
+inline reference_result train_reference(const job_config& job,
+                                        schedule_kind kind, int stages) {
+  at::set_num_threads(1);
+  const int m = job.train.global_batch / job.train.micro_batch;
+  // Every stage of GPipe and 1F1B runs its backwards in the same order;
+  // take the first stage's.
+  std::vector<int> order;
+  const auto schedule = scheduler::make_schedule(kind, stages, m);
+  for (const auto& op : schedule.ops[0])
+    if (op.kind == scheduler::op_kind::backward)
+      order.push_back(op.micro_batch);
+  model::single_chip_trainer trainer(job);
+  reference_result out;
+  for (int step = 0; step < job.train.steps; ++step)
+    out.losses.push_back(trainer.train_step(step, order));
+  for (const auto& l : trainer.model().layers())
+    for (const auto& p : l->parameters()) {
+      auto t = p.value.detach().contiguous();
+      const float* d = t.data_ptr<float>();
+      out.params.push_back(
+        {p.name, t.sizes().vec(), std::vector<float>(d, d + t.numel())});
+    }
+  return out;
+}
+
+} // namespace h2::test

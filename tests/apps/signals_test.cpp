@@ -1,0 +1,165 @@
+// SIGINT/SIGTERM: the first stops at the next step boundary (exit 128 +
+// signal, the JSON log complete), the second aborts the step in flight.
+#include "launch.hpp"
+
+#include <gtest/gtest.h>
+
+#include <signal.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+namespace h2::test {
+namespace {
+
+using namespace std::chrono_literals;
+
+/// small_job on the wall clock, every chip `time_scale` times slower (the
+/// emulated step takes 0.75 ms, so a step takes about time_scale x 0.75 ms
+/// of real time while the CPU mostly sleeps).
+std::string slow_job(int time_scale) {
+  return replaced(small_job, "clock = \"virtual\"",
+                  "clock = \"wall\"\ntime_scale = " +
+                    std::to_string(time_scale));
+}
+
+/// What must hold once h2-launch has been reaped: no process is left in its
+/// process group (threads die with it, but a forked helper would not) and
+/// it left no shared-memory files behind.
+void expect_nothing_lingers(pid_t pid,
+                            const std::vector<std::string>& shm_before) {
+  errno = 0;
+  EXPECT_EQ(::kill(pid, 0), -1) << "pid " << pid << " still exists";
+  EXPECT_EQ(errno, ESRCH);
+  errno = 0;
+  EXPECT_EQ(::kill(-pid, 0), -1)
+    << "a process of h2-launch's group " << pid << " still runs";
+  EXPECT_EQ(errno, ESRCH);
+  for (const auto& name : shm_entries("h2"))
+    EXPECT_NE(std::find(shm_before.begin(), shm_before.end(), name),
+              shm_before.end())
+      << "left behind: /dev/shm/" << name;
+}
+
+class apps_signals : public ::testing::TestWithParam<int> {
+protected:
+  scratch_dir dir_;
+};
+
+TEST_P(apps_signals, first_signal_stops_at_a_step_boundary) {
+  const int sig = GetParam();
+  const std::string name = sig == SIGINT ? "SIGINT" : "SIGTERM";
+  auto job = dir_.write("job.toml", slow_job(400));
+  auto log = dir_ / "log.jsonl";
+  auto shm_before = shm_entries("h2");
+  child_process child(
+    launch_binary,
+    {job.string(), "--steps", "100000", "--json-log", log.string()},
+    dir_ / "stdout.txt", dir_ / "stderr.txt");
+  const int n = 3;
+  ASSERT_TRUE(child.wait_until(
+    [&] { return logged_steps(read_text(log)) >= n; }, run_timeout))
+    << "fewer than " << n << " steps logged; " << child.wait(1s).describe()
+    << "\nstderr:\n"
+    << child.err();
+  const int logged = logged_steps(read_text(log));
+  child.send(sig);
+  auto status = child.wait(run_timeout);
+  ASSERT_FALSE(status.timed_out) << "did not stop; stderr:\n" << child.err();
+  EXPECT_TRUE(status.exited && status.code == 128 + sig)
+    << "expected exit code " << 128 + sig << ", got " << status.describe()
+    << "\nstderr:\n"
+    << child.err();
+  expect_nothing_lingers(child.pid(), shm_before);
+
+  // The log is complete: every line a JSON object, the summary last.
+  std::string text = read_text(log);
+  ASSERT_FALSE(text.empty());
+  EXPECT_EQ(text.back(), '\n') << "the log ends inside a line";
+  auto entries = json_log(text);
+  ASSERT_FALSE(entries.empty());
+  const auto& summary = entries.back();
+  ASSERT_EQ(summary.value("event", ""), "summary") << summary.dump();
+  EXPECT_EQ(summary.value("stopped_early", false), true);
+  const int steps = summary.value("steps", -1);
+  EXPECT_GE(steps, logged);
+  EXPECT_LE(steps, logged + 2) << "it should stop at the next step boundary";
+  EXPECT_EQ(static_cast<int>(events(entries, "step").size()), steps);
+  EXPECT_EQ(static_cast<int>(step_lines(child.out()).size()), steps);
+  EXPECT_NE(
+    child.out().find("h2: stopped after " + std::to_string(steps) + " steps"),
+    std::string::npos)
+    << child.out();
+
+  std::string err = child.err();
+  EXPECT_NE(err.find(name + ": stopping at the next step boundary"),
+            std::string::npos)
+    << err;
+  for (const auto& marker : stack_trace_markers)
+    EXPECT_EQ(err.find(marker), std::string::npos) << err;
+  EXPECT_EQ(err.find("error"), std::string::npos) << err;
+}
+
+INSTANTIATE_TEST_SUITE_P(sigint_and_sigterm, apps_signals,
+                         ::testing::Values(SIGINT, SIGTERM),
+                         [](const ::testing::TestParamInfo<int>& info) {
+                           return std::string(info.param == SIGINT ? "SIGINT"
+                                                                   : "SIGTERM");
+                         });
+
+class apps_signals_abort : public ::testing::Test {
+protected:
+  scratch_dir dir_;
+};
+
+TEST_F(apps_signals_abort, second_sigterm_aborts_the_step_in_flight) {
+  // A step takes about 15 s of real time: the signals land in the first.
+  auto job = dir_.write("job.toml", slow_job(20000));
+  auto log = dir_ / "log.jsonl";
+  auto shm_before = shm_entries("h2");
+  child_process child(
+    launch_binary, {job.string(), "--steps", "3", "--json-log", log.string()},
+    dir_ / "stdout.txt", dir_ / "stderr.txt");
+  ASSERT_TRUE(child.wait_until(
+    [&] { return child.out().find("h2:   stage 2") != std::string::npos; },
+    run_timeout))
+    << "no setup report; " << child.wait(1s).describe() << "\nstderr:\n"
+    << child.err();
+  child.send(SIGTERM);
+  // Two signals sent at once merge into one pending signal: wait until
+  // h2-launch took the first.
+  ASSERT_TRUE(child.wait_until(
+    [&] {
+      return child.err().find("stopping at the next step boundary") !=
+             std::string::npos;
+    },
+    run_timeout))
+    << "the first SIGTERM was not announced; stderr:\n"
+    << child.err();
+  child.send(SIGTERM);
+  auto status = child.wait(run_timeout);
+  ASSERT_FALSE(status.timed_out) << "did not abort; stderr:\n" << child.err();
+  EXPECT_TRUE(status.exited && status.code == 128 + SIGTERM)
+    << "expected exit code " << 128 + SIGTERM << ", got " << status.describe()
+    << "\nstderr:\n"
+    << child.err();
+  expect_nothing_lingers(child.pid(), shm_before);
+
+  std::string err = child.err();
+  EXPECT_NE(err.find("SIGTERM again: aborting"), std::string::npos) << err;
+  EXPECT_NE(err.find("h2-launch: aborted by signal 15"), std::string::npos)
+    << "the step in flight should end by the abort, not at its end:\n"
+    << err;
+  EXPECT_EQ(err.find("training failed"), std::string::npos) << err;
+  for (const auto& marker : stack_trace_markers)
+    EXPECT_EQ(err.find(marker), std::string::npos) << err;
+  EXPECT_TRUE(step_lines(child.out()).empty()) << child.out();
+  // What was logged is whole lines.
+  std::string text = read_text(log);
+  EXPECT_TRUE(text.empty() || text.back() == '\n') << text;
+  json_log(text);
+}
+
+} // namespace
+} // namespace h2::test

@@ -1,0 +1,678 @@
+#include "h2/core/job.hpp"
+
+#include "expect_error.hpp"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <regex>
+#include <set>
+#include <sstream>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace h2 {
+namespace {
+
+using test::expect_config_error;
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  EXPECT_TRUE(in.good()) << "cannot read " << path;
+  std::ostringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+const std::string demo_path =
+  std::string(H2_SOURCE_DIR) + "/examples/demo.toml";
+
+// ---------------------------------------------------------------------------
+// The demo job
+
+TEST(core_job_demo, compiled_in_text_is_the_file) {
+  EXPECT_EQ(std::string(demo_job_toml()), read_file(demo_path));
+}
+
+TEST(core_job_demo, fields) {
+  job_config job = parse_job(read_file(demo_path), "demo.toml");
+  EXPECT_EQ(job.origin, "demo.toml");
+  EXPECT_EQ(job.name, "demo");
+  EXPECT_EQ(job.seed, 1234u);
+
+  EXPECT_EQ(job.model.vocab_size, 65);
+  EXPECT_EQ(job.model.seq_len, 64);
+  EXPECT_EQ(job.model.d_model, 192);
+  EXPECT_EQ(job.model.n_head, 6);
+  EXPECT_EQ(job.model.n_layer, 6);
+  EXPECT_EQ(job.model.d_ff, 4 * 192); // default
+  EXPECT_EQ(job.model.num_layers(), 8);
+
+  EXPECT_EQ(job.data.source, source_kind::markov);
+  EXPECT_DOUBLE_EQ(job.data.entropy_rate, 1.2);
+
+  EXPECT_EQ(job.train.steps, 300);
+  EXPECT_EQ(job.train.global_batch, 32);
+  EXPECT_EQ(job.train.micro_batch, 4);
+  EXPECT_DOUBLE_EQ(job.train.lr, 2e-3);
+  EXPECT_DOUBLE_EQ(job.train.min_lr, 2e-4);
+  EXPECT_EQ(job.train.warmup_steps, 20);
+  EXPECT_EQ(job.train.decay_steps, 0);
+  EXPECT_DOUBLE_EQ(job.train.weight_decay, 0.1);
+  EXPECT_DOUBLE_EQ(job.train.grad_clip, 1.0);
+  EXPECT_EQ(job.train.eval_every, 50);
+  EXPECT_EQ(job.train.eval_batches, 2);
+  EXPECT_EQ(job.tokens_per_step(), 32 * 64);
+
+  EXPECT_EQ(job.emulation.clock, clock_mode::wall);
+  EXPECT_DOUBLE_EQ(job.emulation.memory_scale, 2e-3);
+  // Tuned to the machine the demo runs on: only its sense is fixed.
+  EXPECT_GT(job.emulation.time_scale, 1);
+  EXPECT_FALSE(job.emulation.link_bandwidth_bytes_per_second.has_value());
+  EXPECT_FALSE(job.emulation.link_latency_seconds.has_value());
+
+  ASSERT_EQ(job.nodes.size(), 1u);
+  EXPECT_EQ(job.nodes[0].rank, 0);
+  const std::vector<std::string> devices = {
+    "emulated:h100-sxm", "emulated:mi250x", "emulated:a100-sxm-40gb",
+    "emulated:a100-sxm-40gb"};
+  auto chips = job.chips();
+  ASSERT_EQ(chips.size(), 4u);
+  for (int i = 0; i < 4; ++i) {
+    SCOPED_TRACE(i);
+    EXPECT_EQ(chips[i]->id, (chip_id{0, i}));
+    EXPECT_EQ(chips[i]->device, devices[i]);
+    EXPECT_EQ(chips[i]->backend, device_backend::emulated);
+    EXPECT_EQ(chips[i]->profile.name, devices[i].substr(9));
+    EXPECT_EQ(chips[i]->compute_dtype, dtype::bf16); // default with bf16 peak
+    EXPECT_EQ(job.find_chip(chip_id{0, i}), chips[i]);
+  }
+  EXPECT_EQ(job.find_chip(chip_id{0, 4}), nullptr);
+  EXPECT_EQ(job.find_chip(chip_id{1, 0}), nullptr);
+
+  EXPECT_EQ(job.plan.mode, plan_mode::even);
+  EXPECT_EQ(job.plan.schedule, schedule_kind::one_f_one_b);
+  EXPECT_EQ(job.plan.stages,
+            (std::vector<chip_id>{{0, 0}, {0, 1}, {0, 2}, {0, 3}}));
+  EXPECT_TRUE(job.plan.layers.empty());
+  EXPECT_EQ(job.plan.recompute, std::vector<bool>(4, false));
+  EXPECT_EQ(job.metrics.port, 9400);
+  EXPECT_EQ(job.metrics.bind, "127.0.0.1");
+  EXPECT_DOUBLE_EQ(job.transport.timeout_seconds, 60);
+}
+
+TEST(core_job_demo, cluster_is_heterogeneous) {
+  job_config job = load_job_file(demo_path);
+  EXPECT_EQ(job.origin, demo_path);
+  std::set<std::string> kinds;
+  double min_peak = INFINITY, max_peak = 0;
+  double min_mem = INFINITY, max_mem = 0;
+  for (const chip_spec* c : job.chips()) {
+    kinds.insert(c->profile.name);
+    double peak = c->profile.peak_flops(c->compute_dtype);
+    EXPECT_GT(peak, 0) << c->device;
+    min_peak = std::min(min_peak, peak);
+    max_peak = std::max(max_peak, peak);
+    double mem = static_cast<double>(c->profile.memory_bytes);
+    min_mem = std::min(min_mem, mem);
+    max_mem = std::max(max_mem, mem);
+  }
+  EXPECT_EQ(job.chips().size(), 4u);
+  EXPECT_EQ(kinds.size(), 3u);
+  EXPECT_GE(max_peak / min_peak, 2.0);
+  EXPECT_GE(max_mem / min_mem, 1.5);
+}
+
+TEST(core_job_demo, unreadable_file_is_a_config_error) {
+  const std::string path = ::testing::TempDir() + "/h2-no-such-job.toml";
+  expect_config_error([&] { load_job_file(path); }, "", {path, "cannot open"});
+}
+
+// ---------------------------------------------------------------------------
+// A valid base and the jobs made wrong from it
+
+const std::string base_job = R"([job]
+name = "t"
+seed = 7
+
+[model]
+vocab_size = 33
+seq_len = 16
+d_model = 32
+n_head = 4
+n_layer = 2
+
+[data]
+source = "markov"
+entropy_rate = 1.0
+
+[train]
+global_batch = 8
+micro_batch = 2
+
+[[nodes]]
+chips = ["emulated:h100-sxm", "emulated:a100-sxm-40gb"]
+
+[plan]
+mode = "even"
+)";
+
+using edits = std::vector<std::pair<std::string, std::string>>;
+
+/// `text` with each `from` replaced by its `to`; every `from` must occur.
+std::string edit(std::string text, const edits& changes) {
+  for (const auto& [from, to] : changes) {
+    auto pos = text.find(from);
+    if (pos == std::string::npos)
+      throw std::logic_error("test bug: base job lacks \"" + from + "\"");
+    text.replace(pos, from.size(), to);
+  }
+  return text;
+}
+
+TEST(core_job, base_is_valid) {
+  job_config job = parse_job(base_job, "base.toml");
+  EXPECT_EQ(job.name, "t");
+  EXPECT_EQ(job.seed, 7u);
+  EXPECT_EQ(job.model.num_layers(), 4);
+  EXPECT_EQ(job.chips().size(), 2u);
+  EXPECT_EQ(job.train.micro_batch, 2);
+}
+
+TEST(core_job, defaults) {
+  const std::string minimal = R"(
+[model]
+vocab_size = 9
+seq_len = 4
+d_model = 8
+n_head = 2
+n_layer = 1
+[data]
+entropy_rate = 0.5
+[train]
+global_batch = 4
+[[nodes]]
+chips = ["cpu", "emulated:h100-sxm", "emulated:v100-sxm2-32gb"]
+)";
+  job_config job = parse_job(minimal, "<string>");
+  train_config t;
+  EXPECT_EQ(job.name, "h2-job");
+  EXPECT_EQ(job.seed, 0u);
+  EXPECT_EQ(job.model.d_ff, 32);
+  EXPECT_EQ(job.data.source, source_kind::markov);
+  EXPECT_EQ(job.train.steps, t.steps);
+  EXPECT_EQ(job.train.steps, 100);
+  EXPECT_EQ(job.train.micro_batch, 1);
+  EXPECT_DOUBLE_EQ(job.train.lr, 1e-3);
+  EXPECT_DOUBLE_EQ(job.train.min_lr, 1e-4);
+  EXPECT_EQ(job.train.warmup_steps, 0);
+  EXPECT_EQ(job.train.decay_steps, 0);
+  EXPECT_DOUBLE_EQ(job.train.weight_decay, 0.1);
+  EXPECT_DOUBLE_EQ(job.train.beta1, 0.9);
+  EXPECT_DOUBLE_EQ(job.train.beta2, 0.95);
+  EXPECT_DOUBLE_EQ(job.train.eps, 1e-8);
+  EXPECT_DOUBLE_EQ(job.train.grad_clip, 1.0);
+  EXPECT_EQ(job.train.eval_every, 0);
+  EXPECT_EQ(job.train.eval_batches, 1);
+  EXPECT_EQ(job.train.threads_per_chip, 1);
+  EXPECT_EQ(job.emulation.clock, clock_mode::virtual_clock);
+  EXPECT_EQ(job.emulation.memory_scale, 1.0);
+  EXPECT_EQ(job.emulation.time_scale, 1.0);
+  EXPECT_EQ(job.plan.mode, plan_mode::even);
+  EXPECT_EQ(job.plan.schedule, schedule_kind::one_f_one_b);
+  EXPECT_EQ(job.plan.stages.size(), 3u);
+  EXPECT_EQ(job.plan.recompute, std::vector<bool>(3, false));
+  EXPECT_EQ(job.metrics.port, 0);
+  EXPECT_EQ(job.metrics.bind, "127.0.0.1");
+  EXPECT_EQ(job.transport.timeout_seconds, 60);
+  EXPECT_NE(job.profiles.find("h100-sxm"), nullptr);
+
+  auto chips = job.chips();
+  ASSERT_EQ(chips.size(), 3u);
+  EXPECT_EQ(chips[0]->backend, device_backend::cpu);
+  EXPECT_EQ(chips[0]->compute_dtype, dtype::fp32);
+  EXPECT_EQ(chips[0]->profile.name, "cpu");
+  EXPECT_GT(chips[0]->profile.memory_bytes, 0u);
+  EXPECT_EQ(chips[1]->compute_dtype, dtype::bf16);
+  // No bf16 on a V100: the default falls back to fp32.
+  EXPECT_EQ(chips[2]->compute_dtype, dtype::fp32);
+}
+
+TEST(core_job, min_lr_default_never_exceeds_lr) {
+  auto job = parse_job(
+    edit(base_job, {{"micro_batch = 2", "micro_batch = 2\nlr = 5e-5"}}), "t");
+  EXPECT_DOUBLE_EQ(job.train.lr, 5e-5);
+  EXPECT_DOUBLE_EQ(job.train.min_lr, 5e-5);
+}
+
+TEST(core_job, manual_plan_and_chip_tables) {
+  auto job = parse_job(
+    edit(base_job,
+         {{"chips = [\"emulated:h100-sxm\", \"emulated:a100-sxm-40gb\"]",
+           "chips = [{ device = \"emulated:h100-sxm\", dtype = \"fp32\" }, "
+           "\"emulated:a100-sxm-40gb\"]\n[[nodes]]\nchips = [\"cpu\"]"},
+          {"mode = \"even\"",
+           "mode = \"manual\"\nschedule = \"gpipe\"\nstages = [\"1:0\", "
+           "\"0:1\", \"0:0\"]\nlayers = [1, 2, 1]\nrecompute = [false, true, "
+           "false]"}}),
+    "t");
+  EXPECT_EQ(job.nodes.size(), 2u);
+  EXPECT_EQ(job.nodes[1].rank, 1);
+  EXPECT_EQ(job.nodes[1].chips[0].id, (chip_id{1, 0}));
+  EXPECT_EQ(job.find_chip({0, 0})->compute_dtype, dtype::fp32);
+  EXPECT_EQ(job.plan.mode, plan_mode::manual);
+  EXPECT_EQ(job.plan.schedule, schedule_kind::gpipe);
+  EXPECT_EQ(job.plan.stages, (std::vector<chip_id>{{1, 0}, {0, 1}, {0, 0}}));
+  EXPECT_EQ(job.plan.layers, (std::vector<int>{1, 2, 1}));
+  EXPECT_EQ(job.plan.recompute, (std::vector<bool>{false, true, false}));
+}
+
+TEST(core_job, emulation_section) {
+  auto job = parse_job(
+    base_job + "\n[emulation]\nclock = \"wall\"\nmemory_scale = 0.5\n"
+               "time_scale = 4\nlink_bandwidth_bytes_per_second = inf\n"
+               "link_latency_seconds = 0.001\n",
+    "t");
+  EXPECT_EQ(job.emulation.clock, clock_mode::wall);
+  EXPECT_EQ(job.emulation.memory_scale, 0.5);
+  EXPECT_EQ(job.emulation.time_scale, 4);
+  ASSERT_TRUE(job.emulation.link_bandwidth_bytes_per_second.has_value());
+  EXPECT_TRUE(std::isinf(*job.emulation.link_bandwidth_bytes_per_second));
+  ASSERT_TRUE(job.emulation.link_latency_seconds.has_value());
+  EXPECT_EQ(*job.emulation.link_latency_seconds, 0.001);
+}
+
+TEST(core_job, custom_profile_is_used_by_a_chip) {
+  auto job = parse_job(
+    edit(base_job, {{"\"emulated:a100-sxm-40gb\"", "\"emulated:acme-x1\""}}) +
+      R"(
+[profiles.acme-x1]
+vendor = "Acme"
+model = "Acme X1"
+peak_tflops = { fp32 = 10, bf16 = 40, fp16 = 0 }
+memory_gib = 16
+memory_bandwidth_gb_per_s = 1000
+interconnect_gb_per_s = 50
+source = "https://example.com/x1"
+)",
+    "t");
+  const chip_spec* c = job.find_chip({0, 1});
+  ASSERT_NE(c, nullptr);
+  EXPECT_EQ(c->device, "emulated:acme-x1");
+  EXPECT_EQ(c->backend, device_backend::emulated);
+  EXPECT_EQ(c->profile.name, "acme-x1");
+  EXPECT_EQ(c->profile.vendor, "Acme");
+  EXPECT_EQ(c->profile.memory_bytes, 16ull << 30);
+  EXPECT_DOUBLE_EQ(c->profile.peak_flops(dtype::bf16), 40e12);
+  EXPECT_EQ(c->compute_dtype, dtype::bf16);
+  ASSERT_NE(job.profiles.find("acme-x1"), nullptr);
+  ASSERT_NE(job.profiles.find("h100-sxm"), nullptr);      // built-ins kept
+  EXPECT_EQ(catalog::builtin().find("acme-x1"), nullptr); // not leaked
+}
+
+/// One wrong job: how it is made from the base, and what must be reported.
+struct bad_job {
+  std::string name;
+  edits changes;
+  std::string appended; ///< text added at the end
+  std::string key_path;
+  std::vector<std::string> needles;
+};
+
+void PrintTo(const bad_job& b, std::ostream* os) {
+  *os << b.name;
+}
+
+class core_job_rejects : public ::testing::TestWithParam<bad_job> {};
+
+TEST_P(core_job_rejects, with_key_path_and_reason) {
+  const bad_job& b = GetParam();
+  std::string text = edit(base_job, b.changes) + b.appended;
+  try {
+    parse_job(text, "bad.toml");
+    ADD_FAILURE() << "accepted:\n" << text;
+  } catch (const config_error& e) {
+    EXPECT_EQ(e.key_path(), b.key_path) << "message: " << e.what();
+    std::string what = e.what();
+    for (const auto& needle : b.needles)
+      EXPECT_NE(what.find(needle), std::string::npos)
+        << "message: " << what << "\nexpected to contain: " << needle;
+  }
+}
+
+const std::string model_section = R"([model]
+vocab_size = 33
+seq_len = 16
+d_model = 32
+n_head = 4
+n_layer = 2
+)";
+const std::string chips_line =
+  "chips = [\"emulated:h100-sxm\", \"emulated:a100-sxm-40gb\"]";
+
+const std::string acme_profile = R"(
+[profiles.acme-x1]
+vendor = "Acme"
+peak_tflops = { fp32 = 10, bf16 = 40, fp16 = 0 }
+memory_gib = 16
+memory_bandwidth_gb_per_s = 1000
+interconnect_gb_per_s = 50
+)";
+
+const bad_job bad_jobs[] = {
+  {"missing_model",
+   {{model_section, ""}},
+   "",
+   "model",
+   {"missing required table [model]"}},
+  {"missing_d_model",
+   {{"d_model = 32\n", ""}},
+   "",
+   "model.d_model",
+   {"missing required key"}},
+  {"string_for_int",
+   {{"n_layer = 2", "n_layer = \"2\""}},
+   "",
+   "model.n_layer",
+   {"expected an integer, got a string"}},
+  {"float_for_int",
+   {{"seq_len = 16", "seq_len = 16.5"}},
+   "",
+   "model.seq_len",
+   {"expected an integer, got a float"}},
+  {"zero_layers",
+   {{"n_layer = 2", "n_layer = 0"}},
+   "",
+   "model.n_layer",
+   {">= 1", "got 0"}},
+  {"n_head_not_dividing",
+   {{"n_head = 4", "n_head = 5"}},
+   "",
+   "model.n_head",
+   {"5 does not divide", "d_model = 32"}},
+  {"unknown_profile",
+   {{"\"emulated:a100-sxm-40gb\"", "\"emulated:nope\""}},
+   "",
+   "nodes[0].chips[1]",
+   {"unknown chip profile 'nope'", "h100-sxm"}},
+  {"unknown_profile_in_table",
+   {{"\"emulated:h100-sxm\"", "{ device = \"emulated:nope\" }"}},
+   "",
+   "nodes[0].chips[0].device",
+   {"unknown chip profile 'nope'"}},
+  {"unknown_device",
+   {{"\"emulated:a100-sxm-40gb\"", "\"tpu:0\""}},
+   "",
+   "nodes[0].chips[1]",
+   {"unknown device \"tpu:0\""}},
+  {"signed_cuda_index",
+   {{"\"emulated:a100-sxm-40gb\"", "\"cuda:+1\""}},
+   "",
+   "nodes[0].chips[1]",
+   {"cuda:<device index>", "cuda:+1"}},
+  {"missing_nodes",
+   {{"[[nodes]]\n" + chips_line + "\n", ""}},
+   "",
+   "nodes",
+   {"at least one [[nodes]]"}},
+  {"empty_chips",
+   {{chips_line, "chips = []"}},
+   "",
+   "nodes[0].chips",
+   {"missing"}},
+  {"unknown_key_in_node",
+   {{chips_line, chips_line + "\ncheeps = 1"}},
+   "",
+   "nodes[0].cheeps",
+   {"unknown key", "did you mean 'chips'"}},
+  {"manual_layers_wrong_sum",
+   {{"mode = \"even\"", "mode = \"manual\"\nlayers = [1, 2]"}},
+   "",
+   "plan.layers",
+   {"sums to 3", "has 4 layers"}},
+  {"manual_layers_missing",
+   {{"mode = \"even\"", "mode = \"manual\""}},
+   "",
+   "plan.layers",
+   {"missing"}},
+  {"manual_layers_wrong_count",
+   {{"mode = \"even\"", "mode = \"manual\"\nlayers = [1, 1, 2]"}},
+   "",
+   "plan.layers",
+   {"has 3 entries", "2 stages"}},
+  {"manual_layer_zero",
+   {{"mode = \"even\"", "mode = \"manual\"\nlayers = [0, 4]"}},
+   "",
+   "plan.layers[0]",
+   {"between 1 and 4", "got 0"}},
+  {"layers_without_manual",
+   {{"mode = \"even\"", "mode = \"even\"\nlayers = [2, 2]"}},
+   "",
+   "plan.layers",
+   {"only allowed with plan.mode = \"manual\""}},
+  {"bad_plan_mode",
+   {{"mode = \"even\"", "mode = \"auto\""}},
+   "",
+   "plan.mode",
+   {"\"even\", \"manual\"", "\"auto\""}},
+  {"bad_schedule",
+   {{"mode = \"even\"", "schedule = \"zb\""}},
+   "",
+   "plan.schedule",
+   {"\"gpipe\", \"1f1b\"", "\"zb\""}},
+  {"recompute_wrong_count",
+   {{"mode = \"even\"", "recompute = [true]"}},
+   "",
+   "plan.recompute",
+   {"has 1 entries", "2 stages"}},
+  {"micro_batch_not_dividing",
+   {{"micro_batch = 2", "micro_batch = 3"}},
+   "",
+   "train.micro_batch",
+   {"3 does not divide", "global_batch = 8"}},
+  {"missing_global_batch",
+   {{"global_batch = 8\n", ""}},
+   "",
+   "train.global_batch",
+   {"missing required key"}},
+  {"unknown_top_level_key_near",
+   {},
+   "\n[trian]\nsteps = 1\n",
+   "trian",
+   {"unknown key", "did you mean 'train'"}},
+  {"unknown_top_level_key_far",
+   {{"[job]", "banana = 1\n[job]"}},
+   "",
+   "banana",
+   {"unknown key"}},
+  {"unknown_train_key_near",
+   {{"micro_batch = 2", "micro_batch = 2\nstpes = 10"}},
+   "",
+   "train.stpes",
+   {"unknown key", "did you mean 'steps'"}},
+  {"unknown_train_key_far",
+   {{"micro_batch = 2", "micro_batch = 2\nzzzzzzzz = 10"}},
+   "",
+   "train.zzzzzzzz",
+   {"unknown key"}},
+  {"broken_toml_syntax",
+   {{"vocab_size = 33", "vocab_size = = 33"}},
+   "",
+   "",
+   {"bad.toml:6:", "invalid TOML"}},
+  {"duplicate_stage_chip",
+   {{"mode = \"even\"", "stages = [\"0:0\", \"0:0\"]"}},
+   "",
+   "plan.stages[1]",
+   {"chip 0:0 appears twice"}},
+  {"stage_chip_missing",
+   {{"mode = \"even\"", "stages = [\"0:0\", \"0:5\"]"}},
+   "",
+   "plan.stages[1]",
+   {"no chip 0:5"}},
+  {"stage_chip_malformed",
+   {{"mode = \"even\"", "stages = [\"0:0\", \"zero\"]"}},
+   "",
+   "plan.stages[1]",
+   {"\"<node>:<index>\"", "\"zero\""}},
+  {"more_stages_than_layers",
+   {{chips_line, "chips = [\"cpu\", \"cpu\", \"cpu\", \"cpu\", \"cpu\"]"}},
+   "",
+   "plan.stages",
+   {"5 stages", "only 4 layers"}},
+  {"fp16_rejected",
+   {{"\"emulated:h100-sxm\"",
+     "{ device = \"emulated:h100-sxm\", dtype = \"fp16\" }"}},
+   "",
+   "nodes[0].chips[0].dtype",
+   {"\"fp16\"", "use bf16"}},
+  {"unknown_dtype",
+   {{"\"emulated:h100-sxm\"",
+     "{ device = \"emulated:h100-sxm\", dtype = \"int8\" }"}},
+   "",
+   "nodes[0].chips[0].dtype",
+   {"\"fp32\" or \"bf16\"", "\"int8\""}},
+  {"fp32_on_gaudi2",
+   {{"\"emulated:h100-sxm\"",
+     "{ device = \"emulated:gaudi2\", dtype = \"fp32\" }"}},
+   "",
+   "nodes[0].chips[0].dtype",
+   {"gaudi2", "no published fp32 peak"}},
+  {"bf16_on_v100",
+   {{"\"emulated:h100-sxm\"",
+     "{ device = \"emulated:v100-sxm2-32gb\", dtype = \"bf16\" }"}},
+   "",
+   "nodes[0].chips[0].dtype",
+   {"v100-sxm2-32gb", "no published bf16 peak"}},
+  {"markov_entropy_above_ln_states",
+   {{"entropy_rate = 1.0", "entropy_rate = 3.5"}},
+   "",
+   "data.entropy_rate",
+   {"3.46574", "3.5"}},
+  {"markov_entropy_equal_ln_states",
+   {{"entropy_rate = 1.0", "entropy_rate = 3.4657359027997265"}},
+   "",
+   "data.entropy_rate",
+   {"below ln(states)"}},
+  {"markov_entropy_zero",
+   {{"entropy_rate = 1.0", "entropy_rate = 0"}},
+   "",
+   "data.entropy_rate",
+   {"(0, "}},
+  {"markov_entropy_missing",
+   {{"entropy_rate = 1.0\n", ""}},
+   "",
+   "data.entropy_rate",
+   {"missing required key"}},
+  {"markov_needs_three_ids",
+   {{"vocab_size = 33", "vocab_size = 2"}},
+   "",
+   "model.vocab_size",
+   {"vocab_size in [3, 4097]"}},
+  {"markov_matrix_too_large",
+   {{"vocab_size = 33", "vocab_size = 50257"}},
+   "",
+   "model.vocab_size",
+   {"vocab_size in [3, 4097]", "states x states"}},
+  {"tokens_need_train",
+   {{"source = \"markov\"\nentropy_rate = 1.0", "source = \"tokens\""}},
+   "",
+   "data.train",
+   {"missing required key"}},
+  {"bad_source",
+   {{"source = \"markov\"", "source = \"wiki\""}},
+   "",
+   "data.source",
+   {"\"markov\", \"tokens\"", "\"wiki\""}},
+  {"bad_clock",
+   {},
+   "\n[emulation]\nclock = \"sundial\"\n",
+   "emulation.clock",
+   {"\"virtual\", \"wall\"", "\"sundial\""}},
+  {"zero_link_bandwidth",
+   {},
+   "\n[emulation]\nlink_bandwidth_bytes_per_second = 0\n",
+   "emulation.link_bandwidth_bytes_per_second",
+   {"positive"}},
+  {"beta_of_one",
+   {{"micro_batch = 2", "micro_batch = 2\nbeta2 = 1"}},
+   "",
+   "train.beta2",
+   {"below 1"}},
+  {"min_lr_above_lr",
+   {{"micro_batch = 2", "micro_batch = 2\nlr = 1e-3\nmin_lr = 1e-2"}},
+   "",
+   "train.min_lr",
+   {"[0, 0.001]"}},
+  {"metrics_port_too_large",
+   {},
+   "\n[metrics]\nport = 70000\n",
+   "metrics.port",
+   {"0-65535"}},
+  {"negative_seed",
+   {{"seed = 7", "seed = -1"}},
+   "",
+   "job.seed",
+   {"non-negative"}},
+  {"profile_bad_peak",
+   {},
+   edit(acme_profile, {{"bf16 = 40", "bf16 = \"x\""}}),
+   "profiles.acme-x1.peak_tflops.bf16",
+   {"expected a number"}},
+  {"profile_missing_vendor",
+   {},
+   edit(acme_profile, {{"vendor = \"Acme\"\n", ""}}),
+   "profiles.acme-x1.vendor",
+   {"missing required key"}},
+  {"redefine_builtin_profile",
+   {},
+   edit(acme_profile, {{"[profiles.acme-x1]", "[profiles.h100-sxm]"}}),
+   "profiles.h100-sxm",
+   {"'h100-sxm' already exists"}},
+  {"profile_not_a_table",
+   {},
+   "\n[profiles]\nacme = 1\n",
+   "profiles.acme",
+   {"expected a table"}},
+};
+
+INSTANTIATE_TEST_SUITE_P(core, core_job_rejects, ::testing::ValuesIn(bad_jobs),
+                         [](const ::testing::TestParamInfo<bad_job>& info) {
+                           return info.param.name;
+                         });
+
+TEST(core_job, syntax_error_names_line_and_column) {
+  try {
+    parse_job(edit(base_job, {{"vocab_size = 33", "vocab_size = = 33"}}),
+              "bad.toml");
+    FAIL() << "broken TOML accepted";
+  } catch (const config_error& e) {
+    EXPECT_EQ(e.key_path(), "");
+    // "bad.toml:<line>:<column>: ..." with the line of the broken key.
+    EXPECT_TRUE(
+      std::regex_search(e.what(), std::regex("^bad\\.toml:6:[0-9]+: ")))
+      << e.what();
+  }
+}
+
+TEST(core_job, unknown_key_far_from_every_known_key_has_no_hint) {
+  for (const auto& text :
+       {edit(base_job, {{"[job]", "banana = 1\n[job]"}}),
+        edit(base_job,
+             {{"micro_batch = 2", "micro_batch = 2\nzzzzzzzz = 1"}})}) {
+    try {
+      parse_job(text, "t");
+      ADD_FAILURE() << "accepted:\n" << text;
+    } catch (const config_error& e) {
+      std::string what = e.what();
+      EXPECT_NE(what.find("unknown key"), std::string::npos) << what;
+      EXPECT_EQ(what.find("did you mean"), std::string::npos) << what;
+    }
+  }
+}
+
+} // namespace
+} // namespace h2

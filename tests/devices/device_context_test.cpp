@@ -1,0 +1,337 @@
+#include "h2/devices/device_context.hpp"
+
+#include "h2/devices/cpu/context.hpp"
+#include "h2/devices/emulated/context.hpp"
+
+#include <h2/config.hpp>
+#if H2_HAS_CUDA
+#include "h2/devices/cuda/context.hpp"
+#endif
+#if H2_HAS_HIP
+#include "h2/devices/hip/context.hpp"
+#endif
+
+#include <ATen/ATen.h>
+#include <ATen/Context.h>
+#include <ATen/Parallel.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <string>
+
+namespace h2::devices {
+namespace {
+
+/// A small job: a CPU, an emulated bf16 A100 and an emulated fp32 H100.
+const job_config& job() {
+  static const job_config j = parse_job(R"(
+[model]
+vocab_size = 17
+seq_len = 8
+d_model = 16
+n_head = 2
+n_layer = 2
+[data]
+entropy_rate = 1.0
+[train]
+global_batch = 4
+[emulation]
+memory_scale = 0.001
+time_scale = 2
+[[nodes]]
+chips = ["cpu", "emulated:a100-sxm-40gb",
+         { device = "emulated:h100-sxm", dtype = "fp32" }]
+)",
+                                        "devices_test.toml");
+  return j;
+}
+
+const chip_spec& chip(int index) {
+  const chip_spec* c = job().find_chip(chip_id{0, index});
+  EXPECT_NE(c, nullptr);
+  return *c;
+}
+
+std::unique_ptr<device_context> make(const chip_spec& spec,
+                                     const emulation_config& em) {
+  return make_device(spec, em,
+                     chip_clock(em.clock, chip_clock::wall_clock::now()), 1);
+}
+
+std::unique_ptr<device_context> make(int index) {
+  return make(chip(index), job().emulation);
+}
+
+void expect_contains(const std::string& text, const std::string& needle) {
+  EXPECT_NE(text.find(needle), std::string::npos)
+    << "message: " << text << "\nexpected to contain: " << needle;
+}
+
+TEST(devices_context, cpu_device) {
+  auto d = make(0);
+  EXPECT_NE(dynamic_cast<cpu_context*>(d.get()), nullptr);
+  EXPECT_EQ(d->id(), (chip_id{0, 0}));
+  EXPECT_EQ(d->describe(), "0:0 (cpu)");
+  EXPECT_EQ(d->torch_device(), c10::Device(c10::kCPU));
+  EXPECT_EQ(d->compute_dtype(), dtype::fp32);
+  EXPECT_EQ(d->threads(), 1);
+  EXPECT_EQ(d->memory().capacity_bytes(), chip(0).profile.memory_bytes);
+  EXPECT_GT(d->memory().capacity_bytes(), 0u);
+  EXPECT_EQ(d->memory().chip(), "0:0 (cpu)");
+  layer_work w = compute_layer_work(job().model, 1, 2, dtype::fp32);
+  EXPECT_FALSE(d->layer_seconds(w, pass::forward).has_value());
+  EXPECT_FALSE(d->optimizer_seconds(1000).has_value());
+  EXPECT_EQ(d->transfer_seconds(1 << 20, chip(1).profile), 0.0);
+  EXPECT_EQ(d->clock().mode(), clock_mode::virtual_clock);
+}
+
+TEST(devices_context, emulated_device) {
+  auto d = make(1);
+  auto* e = dynamic_cast<emulated_context*>(d.get());
+  ASSERT_NE(e, nullptr);
+  EXPECT_EQ(d->describe(), "0:1 (emulated:a100-sxm-40gb)");
+  EXPECT_EQ(d->memory().chip(), "0:1 (emulated:a100-sxm-40gb)");
+  EXPECT_EQ(d->torch_device(), c10::Device(c10::kCPU));
+  EXPECT_EQ(d->compute_dtype(), dtype::bf16);
+  EXPECT_EQ(d->profile().name, "a100-sxm-40gb");
+  // Capacity: the profile's 40 GiB times memory_scale.
+  const auto expected =
+    static_cast<std::uint64_t>(std::floor(40.0 * 1024 * 1024 * 1024 * 0.001));
+  EXPECT_EQ(d->memory().capacity_bytes(), expected);
+  EXPECT_EQ(d->memory().capacity_bytes(), 42949672u);
+
+  emulated_cost_function cost(d->profile(), dtype::bf16, 2);
+  layer_work w = compute_layer_work(job().model, 1, 2, dtype::bf16);
+  ASSERT_TRUE(d->layer_seconds(w, pass::forward).has_value());
+  EXPECT_EQ(*d->layer_seconds(w, pass::forward),
+            cost.layer_seconds(w, pass::forward));
+  EXPECT_EQ(*d->layer_seconds(w, pass::backward),
+            cost.layer_seconds(w, pass::backward));
+  EXPECT_EQ(*d->optimizer_seconds(5000), cost.optimizer_seconds(5000));
+  // To the H100 (450 GB/s): the A100's own 300 GB/s is the slower end.
+  EXPECT_DOUBLE_EQ(d->transfer_seconds(3'000'000, chip(2).profile),
+                   2 * (5e-6 + 3e6 / 300e9));
+  // To the CPU (no interconnect figure): the A100's link decides.
+  EXPECT_DOUBLE_EQ(d->transfer_seconds(3'000'000, chip(0).profile),
+                   2 * (5e-6 + 3e6 / 300e9));
+}
+
+TEST(devices_context, emulated_link_overrides) {
+  emulation_config em = job().emulation;
+  em.link_bandwidth_bytes_per_second = std::numeric_limits<double>::infinity();
+  em.link_latency_seconds = 1e-4;
+  auto d = make(chip(1), em);
+  EXPECT_DOUBLE_EQ(d->transfer_seconds(1ull << 30, chip(2).profile), 2 * 1e-4);
+  em.link_bandwidth_bytes_per_second = 1e9;
+  em.link_latency_seconds.reset();
+  d = make(chip(1), em);
+  EXPECT_DOUBLE_EQ(d->transfer_seconds(1'000'000, chip(2).profile),
+                   2 * (5e-6 + 1e-3));
+}
+
+TEST(devices_context, complete_op_charges_emulated_time) {
+  auto d = make(1);
+  EXPECT_EQ(d->complete_op(d->clock().wall_now(), 0.125), 0.125);
+  EXPECT_EQ(d->clock().virtual_now(), 0.125);
+  // Without an emulated time the measured time is charged (>= 0).
+  double measured = d->complete_op(d->clock().wall_now(), std::nullopt);
+  EXPECT_GE(measured, 0.0);
+  EXPECT_EQ(d->clock().virtual_now(), 0.125 + measured);
+}
+
+TEST(devices_context, built_backends) {
+  auto b = built_backends();
+  auto has = [&](const char* name) {
+    return std::find(b.begin(), b.end(), name) != b.end();
+  };
+  EXPECT_TRUE(has("cpu"));
+  EXPECT_TRUE(has("emulated"));
+  EXPECT_EQ(has("cuda"), H2_HAS_CUDA == 1);
+  EXPECT_EQ(has("hip"), H2_HAS_HIP == 1);
+}
+
+/// A job whose only chip is `device`.
+job_config one_chip_job(const std::string& device) {
+  return parse_job(R"(
+[model]
+vocab_size = 17
+seq_len = 8
+d_model = 16
+n_head = 2
+n_layer = 2
+[data]
+entropy_rate = 1.0
+[train]
+global_batch = 4
+[[nodes]]
+chips = ["cpu", ")" + device +
+                     R"("]
+)",
+                   "gpu_test.toml");
+}
+
+/// make_device must fail with device_error(unavailable) naming the chip.
+void expect_unavailable(const std::string& device, const std::string& why) {
+  job_config j = one_chip_job(device);
+  const chip_spec& spec = *j.find_chip(chip_id{0, 1});
+  try {
+    auto d = make(spec, j.emulation);
+    FAIL() << device << " was created on a machine without it";
+  } catch (const device_error& e) {
+    EXPECT_EQ(e.code(), device_errc::unavailable);
+    expect_contains(e.what(), "0:1 (" + device + ")");
+    expect_contains(e.what(), why);
+  }
+}
+
+/// A GPU backend that was built: a chip past the last device (or any chip
+/// when there is none) is unavailable, naming the chip and the runtime.
+template <class Context>
+void expect_missing_gpu_unavailable(const std::string& kind,
+                                    const std::string& runtime) {
+  const int count = Context::device_count();
+  if (count > 0)
+    expect_unavailable(kind + ":" + std::to_string(count),
+                       "only " + std::to_string(count) + " " + runtime +
+                         " device(s)");
+  else
+    expect_unavailable(kind + ":0", runtime + " device");
+}
+
+/// A GPU backend on a machine with a device: the chip opens and moves
+/// tensors, or (libtorch without GPU support) fails with a named error.
+template <class Context>
+void expect_gpu_opens(const std::string& kind, const std::string& runtime) {
+  if (Context::device_count() == 0)
+    GTEST_SKIP() << "no " << runtime << " device on this machine";
+  if (!at::hasCUDA()) {
+    expect_unavailable(kind + ":0", "built without " + runtime);
+    GTEST_SKIP() << "libtorch was built without GPU support; checked the "
+                    "error only";
+  }
+  job_config j = one_chip_job(kind + ":0");
+  auto d = make(*j.find_chip(chip_id{0, 1}), j.emulation);
+  EXPECT_NE(dynamic_cast<Context*>(d.get()), nullptr);
+  EXPECT_EQ(d->torch_device(), c10::Device(c10::kCUDA, 0));
+  EXPECT_GT(d->memory().capacity_bytes(), 0u);
+  EXPECT_FALSE(d->layer_seconds(compute_layer_work(j.model, 1, 1, dtype::fp32),
+                                pass::forward)
+                 .has_value());
+  at::Tensor host = at::arange(16, at::kFloat);
+  at::Tensor on_chip = d->to_device(host);
+  EXPECT_EQ(on_chip.device(), d->torch_device());
+  d->synchronize();
+  EXPECT_TRUE(d->to_host(on_chip).equal(host));
+}
+
+TEST(devices_context, cuda_chip_without_a_device_is_unavailable) {
+#if H2_HAS_CUDA
+  expect_missing_gpu_unavailable<cuda_context>("cuda", "CUDA");
+#else
+  expect_unavailable("cuda:0", "no CUDA backend");
+#endif
+}
+
+TEST(devices_context, cuda_device_opens) {
+#if H2_HAS_CUDA
+  expect_gpu_opens<cuda_context>("cuda", "CUDA");
+#else
+  GTEST_SKIP() << "this build has no CUDA backend (H2_WITH_CUDA)";
+#endif
+}
+
+TEST(devices_context, hip_chip_without_a_device_is_unavailable) {
+#if H2_HAS_HIP
+  expect_missing_gpu_unavailable<hip_context>("hip", "HIP");
+#else
+  expect_unavailable("hip:0", "no HIP backend");
+#endif
+}
+
+TEST(devices_context, hip_device_opens) {
+#if H2_HAS_HIP
+  expect_gpu_opens<hip_context>("hip", "HIP");
+#else
+  GTEST_SKIP() << "this build has no HIP backend (H2_WITH_HIP)";
+#endif
+}
+
+// ---------------------------------------------------------------------------
+// compute_scope and thread_binding
+
+at::Tensor matmul_result() {
+  at::Tensor a = at::ones({4, 8}, at::kFloat);
+  at::Tensor b = at::ones({8, 2}, at::kFloat);
+  return at::matmul(a, b);
+}
+
+TEST(devices_compute_scope, bf16_chip_runs_matmuls_in_bf16) {
+  auto d = make(1);
+  ASSERT_EQ(d->compute_dtype(), dtype::bf16);
+  EXPECT_EQ(matmul_result().scalar_type(), at::kFloat);
+  {
+    compute_scope scope(*d);
+    at::Tensor r = matmul_result();
+    EXPECT_EQ(r.scalar_type(), at::kBFloat16);
+    EXPECT_EQ(r[0][0].item<float>(), 8.0f);
+    {
+      compute_scope nested(*d);
+      EXPECT_EQ(matmul_result().scalar_type(), at::kBFloat16);
+    }
+    EXPECT_EQ(matmul_result().scalar_type(), at::kBFloat16);
+  }
+  EXPECT_EQ(matmul_result().scalar_type(), at::kFloat);
+}
+
+TEST(devices_compute_scope, fp32_chips_run_in_fp32) {
+  for (int index : {0, 2}) {
+    auto d = make(index);
+    ASSERT_EQ(d->compute_dtype(), dtype::fp32) << d->describe();
+    compute_scope scope(*d);
+    EXPECT_EQ(matmul_result().scalar_type(), at::kFloat) << d->describe();
+  }
+}
+
+TEST(devices_thread_binding, binds_memory_and_threads) {
+  auto d = make(1);
+  const int before = at::get_num_threads();
+  ASSERT_EQ(current_account(), nullptr);
+  {
+    thread_binding bind(*d);
+    EXPECT_EQ(current_account(), d->memory_ptr());
+    EXPECT_EQ(at::get_num_threads(), d->threads());
+    at::Tensor t = at::empty({1000}, at::kFloat);
+    EXPECT_EQ(d->memory().used_bytes(), 4000u);
+  }
+  EXPECT_EQ(current_account(), nullptr);
+  EXPECT_EQ(at::get_num_threads(), before);
+  EXPECT_EQ(d->memory().used_bytes(), 0u);
+  EXPECT_EQ(d->memory().peak_bytes(), 4000u);
+}
+
+TEST(devices_context, take_aliases_host_tensors_and_charges_the_taker) {
+  auto giver = make(1);
+  auto taker = make(2);
+  at::Tensor t;
+  {
+    thread_binding bind(*giver);
+    t = at::arange(64, at::kFloat);
+  }
+  at::Tensor taken = taker->take(t);
+  EXPECT_EQ(taken.data_ptr(), t.data_ptr());
+  EXPECT_EQ(taker->memory().used_bytes(), 256u);
+  EXPECT_EQ(giver->memory().used_bytes(), 256u);
+  t.reset();
+  taken.reset();
+  EXPECT_EQ(taker->memory().used_bytes(), 0u);
+  EXPECT_EQ(giver->memory().used_bytes(), 0u);
+  // The cpu and emulated backends hand host tensors through unchanged.
+  at::Tensor h = at::ones({3});
+  EXPECT_EQ(giver->to_device(h).data_ptr(), h.data_ptr());
+  EXPECT_EQ(giver->to_host(h).data_ptr(), h.data_ptr());
+}
+
+} // namespace
+} // namespace h2::devices
