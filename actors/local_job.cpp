@@ -11,7 +11,7 @@
 
 namespace h2::actors {
 
-void register_types(caf::actor_system_config& cfg) {
+void configure_actor_system(caf::actor_system_config& cfg) {
   cfg.add_message_type<chip_id>("h2.chip_id");
   cfg.add_message_type<op_record>("h2.op_record");
   cfg.add_message_type<clock_pair>("h2.clock_pair");
@@ -27,6 +27,12 @@ void register_types(caf::actor_system_config& cfg) {
   cfg.add_message_type<run_summary>("h2.run_summary");
   cfg.add_message_type<parameter_values>("h2.parameter_values");
   cfg.add_error_category(error_category, render_error);
+  // Chips run on threads of their own (detached); CAF's scheduler threads
+  // only carry the scheduler actor's light work. One is enough, and it must
+  // not busy-poll the cores the chips compute on.
+  cfg.set("scheduler.max-threads", 1);
+  cfg.set("work-stealing.aggressive-poll-attempts", 1);
+  cfg.set("work-stealing.moderate-poll-attempts", 1);
 }
 
 local_job::local_job(std::shared_ptr<const job_config> job, plan p)
@@ -51,7 +57,7 @@ void local_job::abort() noexcept {
 run_summary local_job::run(const run_options& opts, training_observer& observer,
                            std::shared_ptr<std::atomic<int>> stop) {
   caf::actor_system_config cfg;
-  register_types(cfg);
+  configure_actor_system(cfg);
   caf::actor_system system{cfg};
   auto origin = devices::chip_clock::wall_clock::now();
 

@@ -66,6 +66,8 @@ step_summary summarize_step(int step, clock_mode clock, std::int64_t tokens,
   s.step_seconds = wall ? s.wall_step_seconds : s.virtual_step_seconds;
   s.pipeline_seconds = phase_end - (wall ? start_w : start_v);
   s.virtual_end = end_v;
+  s.wall_start = start_w;
+  s.wall_end = end_w;
   s.tokens_per_second =
     s.step_seconds > 0 ? static_cast<double>(tokens) / s.step_seconds : 0;
   std::map<chip_id, const chip_update_report*> update_of;

@@ -250,6 +250,7 @@ void read_emulation(table_reader& root, job_config& job) {
                        });
   e.memory_scale = number_in(*t, "memory_scale", 1.0, 0, 1e6, true);
   e.time_scale = number_in(*t, "time_scale", 1.0, 0, 1e9, true);
+  e.overhead_scale = number_in(*t, "overhead_scale", 1.0, 0, 1e6);
   if (t->has("link_bandwidth_bytes_per_second")) {
     double v = t->required<double>("link_bandwidth_bytes_per_second");
     if (!(v > 0)) // inf is allowed: transfers then cost only the latency

@@ -18,7 +18,8 @@ emulated_context::emulated_context(const chip_spec& spec,
                                    chip_clock clock, int threads)
     : device_context(spec, scaled_capacity(spec, emulation.memory_scale),
                      std::move(clock), threads),
-      cost_(spec.profile, spec.compute_dtype, emulation.time_scale),
+      cost_(spec.profile, spec.compute_dtype, emulation.time_scale,
+            emulation.overhead_scale),
       link_bandwidth_override_(
         emulation.link_bandwidth_bytes_per_second.value_or(0)),
       link_latency_override_(emulation.link_latency_seconds.value_or(-1)) {

@@ -7,8 +7,12 @@ namespace h2::devices {
 
 emulated_cost_function::emulated_cost_function(const chip_profile& profile,
                                                dtype compute_dtype,
-                                               double time_scale)
-    : profile_(profile), dtype_(compute_dtype), time_scale_(time_scale) {
+                                               double time_scale,
+                                               double overhead_scale)
+    : profile_(profile),
+      dtype_(compute_dtype),
+      time_scale_(time_scale),
+      overhead_scale_(overhead_scale) {
 }
 
 double emulated_cost_function::layer_seconds(const layer_work& work,
@@ -20,15 +24,17 @@ double emulated_cost_function::layer_seconds(const layer_work& work,
     em.max_efficiency * work.rows / (work.rows + em.half_efficiency_rows);
   double compute = flops / (profile_.peak_flops(dtype_) * efficiency);
   double memory = bytes / profile_.memory_bandwidth_bytes_per_second;
-  return time_scale_ * (em.op_overhead_seconds + std::max(compute, memory));
+  return time_scale_ *
+         (em.op_overhead_seconds * overhead_scale_ + std::max(compute, memory));
 }
 
 double emulated_cost_function::optimizer_seconds(
   std::int64_t parameters) const noexcept {
   // fp32 master weights: read p, g, m, v; write p, m, v.
   double bytes = 7.0 * 4.0 * static_cast<double>(parameters);
-  return time_scale_ * (profile_.emulation.op_overhead_seconds +
-                        bytes / profile_.memory_bandwidth_bytes_per_second);
+  return time_scale_ *
+         (profile_.emulation.op_overhead_seconds * overhead_scale_ +
+          bytes / profile_.memory_bandwidth_bytes_per_second);
 }
 
 double emulated_cost_function::transfer_seconds(
@@ -38,9 +44,10 @@ double emulated_cost_function::transfer_seconds(
     bandwidth_override > 0
       ? bandwidth_override
       : std::min(profile_.interconnect_bytes_per_second, peer_bytes_per_second);
-  double latency = latency_override >= 0
-                     ? latency_override
-                     : profile_.emulation.link_latency_seconds;
+  double latency =
+    latency_override >= 0
+      ? latency_override
+      : profile_.emulation.link_latency_seconds * overhead_scale_;
   double wire =
     std::isinf(bandwidth) ? 0.0 : static_cast<double>(bytes) / bandwidth;
   return time_scale_ * (latency + wire);

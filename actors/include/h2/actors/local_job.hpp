@@ -18,8 +18,9 @@
 
 namespace h2::actors {
 
-/// Registers H2's message types and error category with a CAF config.
-void register_types(caf::actor_system_config& cfg);
+/// Registers H2's message types and error category with a CAF config and
+/// sets up its scheduler for detached chip actors.
+void configure_actor_system(caf::actor_system_config& cfg);
 
 /// What to run.
 struct run_options {

@@ -49,6 +49,11 @@ struct step_summary {
   double tokens_per_second = 0;
   /// Virtual time the step ended (the next step's barrier).
   double virtual_end = 0;
+  /// Wall time (seconds since the run's origin) the step began and ended on
+  /// its first and last chip: gaps between steps show as wall_start of one
+  /// minus wall_end of the previous.
+  double wall_start = 0;
+  double wall_end = 0;
   std::vector<chip_step_stats> chips; ///< in chip-id order
   std::vector<traced_op> ops;
 };

@@ -87,6 +87,10 @@ struct emulation_config {
   /// Emulated times are multiplied by this (>= 1 slows every chip down
   /// alike, so the CPU's real math fits inside the emulated time).
   double time_scale = 1.0;
+  /// The chips' fixed costs (per-op overhead, link latency) are multiplied
+  /// by this (< 1 when a small stand-in model should see the chips' compute
+  /// differences instead of their launch overheads).
+  double overhead_scale = 1.0;
   /// Overrides of the chips' interconnect figures for every link.
   std::optional<double> link_bandwidth_bytes_per_second;
   std::optional<double> link_latency_seconds;

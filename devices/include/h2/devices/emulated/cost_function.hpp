@@ -14,14 +14,17 @@ namespace h2::devices {
 /// The pass of a layer-level op.
 enum class pass { forward, backward };
 
-/// time = overhead + max(flops / (peak(dtype) x efficiency(rows)),
-///                       bytes / memory bandwidth)
+/// time = overhead x overhead_scale
+///        + max(flops / (peak(dtype) x efficiency(rows)),
+///              bytes / memory bandwidth)
 /// efficiency(rows) = max_efficiency x rows / (rows + half_efficiency_rows),
-/// all multiplied by `time_scale`.
+/// all multiplied by `time_scale`. `overhead_scale` scales the fixed costs
+/// (per-op overhead, link latency) alone: a small stand-in model would
+/// otherwise be launch-bound on every chip (docs/emulation.md).
 class emulated_cost_function {
 public:
   emulated_cost_function(const chip_profile& profile, dtype compute_dtype,
-                         double time_scale);
+                         double time_scale, double overhead_scale = 1.0);
 
   /// Seconds of one layer's forward or backward on one micro-batch.
   double layer_seconds(const layer_work& work, pass p) const noexcept;
@@ -43,6 +46,7 @@ private:
   chip_profile profile_;
   dtype dtype_;
   double time_scale_;
+  double overhead_scale_;
 };
 
 } // namespace h2::devices
