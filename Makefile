@@ -12,7 +12,7 @@ CTEST_ARGS ?=
 DEB_PACKAGES := \
   cmake g++ make pkg-config \
   libcaf-dev libtorch-dev libopenblas0-openmp \
-  libasio-dev libtomlplusplus-dev nlohmann-json3-dev libcli11-dev \
+  libasio-dev libtomlplusplus-dev nlohmann-json3-dev libcli11-dev libssl-dev \
   libgtest-dev libgmock-dev libbenchmark-dev \
   libibverbs-dev librdmacm-dev libamdhip64-dev \
   prometheus iproute2 procps

@@ -4,6 +4,7 @@ find_package(Threads REQUIRED)
 find_package(CAF 0.17 REQUIRED COMPONENTS core io openssl)
 find_package(tomlplusplus 3 REQUIRED)
 find_package(nlohmann_json 3 REQUIRED)
+find_package(OpenSSL 3 REQUIRED) # job-secret HMACs (libssl-dev)
 find_package(CLI11 2 REQUIRED)
 
 find_path(ASIO_INCLUDE_DIR asio.hpp REQUIRED)

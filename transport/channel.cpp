@@ -1,5 +1,7 @@
 #include "h2/transport/channel.hpp"
 
+#include "h2/transport/spin.hpp"
+
 #include <algorithm>
 #include <string>
 
@@ -17,6 +19,7 @@ bool pending_message::state::complete(message& m) {
     if (value || failure)
       return false;
     value = std::move(m);
+    done.store(true, std::memory_order_release);
   }
   ready.notify_all();
   return true;
@@ -33,6 +36,7 @@ void pending_message::state::fail(const transport_error& e) {
     if (value || failure)
       return;
     failure = e;
+    done.store(true, std::memory_order_release);
   }
   ready.notify_all();
 }
@@ -45,6 +49,10 @@ message pending_message::get(std::chrono::duration<double> timeout) {
   // waits are capped at 100 years ("wait").
   constexpr std::chrono::duration<double> longest =
     std::chrono::hours(24 * 365 * 100);
+  // Spin briefly before sleeping: a message that is about to arrive (shm,
+  // a neighbour finishing its op) is then taken without a thread wake-up.
+  spin_until([&] { return s->done.load(std::memory_order_acquire); },
+             std::chrono::microseconds(20));
   std::unique_lock<std::mutex> lock(s->mutex);
   bool done = s->ready.wait_for(lock, std::min(timeout, longest), [&] {
     return s->value.has_value() || s->failure.has_value();
@@ -52,6 +60,7 @@ message pending_message::get(std::chrono::duration<double> timeout) {
   if (!done) {
     // Mark it ended so a message arriving later is queued for the next
     // receive of the tag instead of being delivered into the void.
+    s->done.store(true, std::memory_order_release);
     s->failure =
       transport_error(transport_errc::timeout,
                       "no message with tag " + std::to_string(s->tag) +

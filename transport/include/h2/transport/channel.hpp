@@ -11,6 +11,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstddef>
@@ -103,6 +104,9 @@ public:
 struct pending_message::state {
   std::mutex mutex;
   std::condition_variable ready;
+  /// Set (under `mutex`) when the receive ends; read without the lock by
+  /// get()'s short spin before it sleeps.
+  std::atomic<bool> done{false};
   std::optional<message> value;
   std::optional<transport_error> failure;
   std::uint64_t tag = 0;

@@ -1,0 +1,312 @@
+// What the conformance suite cannot show with both ends in one process:
+// a peer that does not know the secret or speaks another protocol version,
+// corrupt and truncated frames, concurrent channels, and a peer process
+// killed (SIGKILL) or stopped (SIGSTOP) while a receive waits on it.
+#include "pairs.hpp"
+
+#include "h2/transport/socket_link.hpp"
+#include "h2/transport/wire.hpp"
+
+#include <gtest/gtest.h>
+
+#include <ATen/ops/arange.h>
+
+#include <csignal>
+#include <cstring>
+#include <spawn.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <thread>
+#include <unistd.h>
+
+extern char** environ;
+
+namespace h2::transport {
+namespace {
+
+using namespace std::chrono_literals;
+
+template <class F>
+transport_errc error_of(F&& f) {
+  try {
+    f();
+  } catch (const transport_error& e) {
+    return e.code();
+  }
+  ADD_FAILURE() << "no transport_error";
+  return transport_errc::cancelled;
+}
+
+message bytes_message(std::uint64_t tag, const std::string& text) {
+  message m;
+  m.tag = tag;
+  m.bytes.resize(text.size());
+  std::memcpy(m.bytes.data(), text.data(), text.size());
+  return m;
+}
+
+class transport_fault : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(transport_fault, wrong_secret_is_refused_on_both_sides) {
+  endpoint a(test::options_for(0, GetParam()));
+  endpoint b(test::options_for(
+    1, GetParam(), std::make_shared<const job_secret>("another job")));
+  auto until = std::chrono::steady_clock::now() + 10s;
+  EXPECT_EQ(error_of([&] { b.dial(a.address(), 7, GetParam(), until); }),
+            transport_errc::unauthorized);
+  // Nothing reached node 0: its accept times out and it counted a refusal.
+  EXPECT_EQ(error_of([&] {
+              a.accept(7, std::chrono::steady_clock::now() + 200ms);
+            }),
+            transport_errc::timeout);
+  auto deadline = std::chrono::steady_clock::now() + 20s;
+  while (a.refused() == 0 && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(5ms);
+  EXPECT_EQ(a.refused(), 1u);
+}
+
+TEST_P(transport_fault, concurrent_channels_stay_apart) {
+  endpoint a(test::options_for(0, GetParam()));
+  endpoint b(test::options_for(1, GetParam()));
+  constexpr int channels = 6, messages = 200;
+  std::vector<test::channel_pair> pairs;
+  for (int c = 0; c < channels; ++c)
+    pairs.push_back(test::connect(a, b, GetParam(), 100 + c));
+  std::vector<std::thread> threads;
+  for (int c = 0; c < channels; ++c)
+    threads.emplace_back([&, c] {
+      for (int i = 0; i < messages; ++i) {
+        message m;
+        m.tag = 9;
+        m.tensor = at::arange(c * 1000 + i, c * 1000 + i + 64, at::kLong);
+        pairs[static_cast<std::size_t>(c)].first->send(std::move(m));
+      }
+    });
+  for (int c = 0; c < channels; ++c)
+    for (int i = 0; i < messages; ++i) {
+      message m = pairs[static_cast<std::size_t>(c)].second->recv(9, 20s);
+      ASSERT_EQ(m.tensor[0].item<std::int64_t>(), c * 1000 + i);
+    }
+  for (auto& t : threads)
+    t.join();
+}
+
+/// Spawns h2-transport-peer dialing `a`; returns its pid.
+pid_t spawn_peer(const endpoint& a, const std::string& backend,
+                 std::uint64_t id) {
+  const auto& addr = a.address();
+  std::vector<std::string> args = {H2_TRANSPORT_PEER, backend, addr.host_id,
+                                   addr.tcp_host.empty() ? "-" : addr.tcp_host,
+                                   std::to_string(addr.tcp_port),
+                                   addr.shm_socket.empty() ? "-"
+                                                           : addr.shm_socket,
+                                   "conformance-secret", std::to_string(id)};
+  std::vector<char*> argv;
+  for (auto& s : args)
+    argv.push_back(s.data());
+  argv.push_back(nullptr);
+  pid_t pid = 0;
+  EXPECT_EQ(0, posix_spawn(&pid, H2_TRANSPORT_PEER, nullptr, nullptr,
+                           argv.data(), environ));
+  return pid;
+}
+
+/// The channel to a live echoing peer process.
+std::unique_ptr<channel> echo_peer(endpoint& a, const std::string& backend,
+                                   pid_t& pid) {
+  pid = spawn_peer(a, backend, 5);
+  auto ch = a.accept(5, std::chrono::steady_clock::now() + 20s);
+  ch->send(bytes_message(1, "ping"));
+  message m = ch->recv(2, 20s);
+  EXPECT_EQ(std::string(reinterpret_cast<char*>(m.bytes.data()),
+                        m.bytes.size()),
+            "ping");
+  return ch;
+}
+
+// The bound within which a dead peer must surface as a typed error: the
+// receive's own timeout. Were the death noticed later, the receive would
+// fail with `timeout` instead and the test with it.
+constexpr auto death_bound = 5s;
+
+TEST_P(transport_fault, killed_peer_fails_the_waiting_receive) {
+  endpoint a(test::options_for(0, GetParam()));
+  pid_t pid = 0;
+  auto ch = echo_peer(a, GetParam(), pid);
+  auto waiting = ch->recv_async(2);
+  ASSERT_EQ(0, ::kill(pid, SIGKILL));
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  EXPECT_TRUE(WIFSIGNALED(status));
+  EXPECT_EQ(error_of([&] { waiting.get(death_bound); }),
+            transport_errc::peer_closed);
+  EXPECT_EQ(error_of([&] { ch->recv(2, death_bound); }),
+            transport_errc::peer_closed);
+}
+
+TEST_P(transport_fault, stopped_peer_times_out) {
+  endpoint a(test::options_for(0, GetParam()));
+  pid_t pid = 0;
+  auto ch = echo_peer(a, GetParam(), pid);
+  ASSERT_EQ(0, ::kill(pid, SIGSTOP));
+  ch->send(bytes_message(1, "anyone?"));
+  EXPECT_EQ(error_of([&] { ch->recv(2, 300ms); }), transport_errc::timeout);
+  ::kill(pid, SIGKILL);
+  ::waitpid(pid, nullptr, 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(transport, transport_fault,
+                         ::testing::Values("shm", "tcp"),
+                         [](const auto& info) { return info.param; });
+
+// -- frames that are not what they claim ----------------------------------------
+
+/// A framed channel on one end of a socket pair; the test writes raw bytes
+/// into the other end.
+struct raw_peer {
+  raw_peer() {
+    int fds[2];
+    EXPECT_EQ(0, ::socketpair(AF_UNIX, SOCK_STREAM, 0, fds));
+    raw = fds[1];
+    ch = std::make_unique<framed_channel>(
+      std::make_unique<socket_link>(fds[0], "tcp", "raw peer"),
+      framed_options{});
+  }
+  ~raw_peer() {
+    ch.reset();
+    ::close(raw);
+  }
+  void write(const void* data, std::size_t n) {
+    ASSERT_EQ(static_cast<ssize_t>(n), ::write(raw, data, n));
+  }
+  int raw;
+  std::unique_ptr<framed_channel> ch;
+};
+
+std::array<std::byte, wire::header_bytes> header_of(const wire::frame_header& h) {
+  std::array<std::byte, wire::header_bytes> out;
+  wire::encode(h, out.data());
+  return out;
+}
+
+TEST(transport_frames, corrupt_header_fails_the_receive) {
+  raw_peer p;
+  wire::frame_header h;
+  h.tag = 1;
+  h.payload_bytes = 4;
+  auto bytes = header_of(h);
+  bytes[9] ^= std::byte{0x40}; // flip a bit of the tag: the CRC catches it
+  auto waiting = p.ch->recv_async(1);
+  p.write(bytes.data(), bytes.size());
+  EXPECT_EQ(error_of([&] { waiting.get(10s); }),
+            transport_errc::corrupt_frame);
+}
+
+TEST(transport_frames, garbage_is_another_protocol) {
+  raw_peer p;
+  std::string garbage(wire::header_bytes, 'x');
+  auto waiting = p.ch->recv_async(1);
+  p.write(garbage.data(), garbage.size());
+  EXPECT_EQ(error_of([&] { waiting.get(10s); }),
+            transport_errc::protocol_mismatch);
+}
+
+TEST(transport_frames, truncated_frame_fails_the_receive) {
+  raw_peer p;
+  wire::frame_header h;
+  h.tag = 1;
+  h.payload_bytes = 100;
+  auto bytes = header_of(h);
+  auto waiting = p.ch->recv_async(1);
+  p.write(bytes.data(), bytes.size());
+  p.write("only ten b", 10);
+  ::shutdown(p.raw, SHUT_WR);
+  EXPECT_EQ(error_of([&] { waiting.get(10s); }),
+            transport_errc::corrupt_frame);
+}
+
+TEST(transport_frames, payload_checksum_is_verified) {
+  raw_peer p;
+  wire::frame_header h;
+  h.tag = 1;
+  h.payload_bytes = 4;
+  h.flags = wire::flag::payload_crc;
+  h.payload_crc = 12345; // not the CRC of "abcd"
+  auto bytes = header_of(h);
+  auto waiting = p.ch->recv_async(1);
+  p.write(bytes.data(), bytes.size());
+  p.write("abcd", 4);
+  EXPECT_EQ(error_of([&] { waiting.get(10s); }),
+            transport_errc::corrupt_frame);
+}
+
+TEST(transport_frames, tensor_shape_must_match_its_payload) {
+  raw_peer p;
+  wire::frame_header h;
+  h.tag = 1;
+  h.flags = wire::flag::tensor;
+  h.dtype = wire::dtype_code::float32;
+  h.ndim = 2;
+  h.shape[0] = 1000;
+  h.shape[1] = 1000; // 4 MB of floats
+  h.payload_bytes = 16;
+  auto bytes = header_of(h);
+  auto waiting = p.ch->recv_async(1);
+  p.write(bytes.data(), bytes.size());
+  EXPECT_EQ(error_of([&] { waiting.get(10s); }),
+            transport_errc::corrupt_frame);
+}
+
+TEST(transport_frames, other_protocol_version_is_refused_by_the_dialer) {
+  int fds[2];
+  ASSERT_EQ(0, ::socketpair(AF_UNIX, SOCK_STREAM, 0, fds));
+  socket_link dialer(fds[0], "tcp", "fake acceptor");
+  std::thread acceptor([raw = fds[1]] {
+    std::byte challenge[wire::header_bytes + wire::hello_bytes];
+    ::recv(raw, challenge, sizeof(challenge), MSG_WAITALL);
+    wire::frame_header h;
+    h.kind = wire::frame_kind::hello;
+    h.payload_bytes = wire::hello_bytes;
+    std::byte reply[wire::header_bytes] = {};
+    wire::encode(h, reply);
+    std::uint16_t future_version = wire::version + 1;
+    std::memcpy(reply + 4, &future_version, 2);
+    ::send(raw, reply, sizeof(reply), MSG_NOSIGNAL);
+    ::close(raw);
+  });
+  job_secret secret("s");
+  EXPECT_EQ(error_of([&] {
+              dial_handshake(dialer, secret, 1, 0,
+                             std::chrono::steady_clock::now() + 10s);
+            }),
+            transport_errc::protocol_mismatch);
+  acceptor.join();
+}
+
+TEST(transport_frames, wire_header_round_trips) {
+  wire::frame_header h;
+  h.kind = wire::frame_kind::data;
+  h.flags = wire::flag::tensor | wire::flag::payload_crc;
+  h.tag = 0x123456789abcdefULL;
+  h.virtual_clock = 1.5;
+  h.wall_clock = -2.25;
+  h.payload_bytes = 2 * 3 * 4 * 2;
+  h.payload_crc = 77;
+  h.dtype = wire::dtype_code::bfloat16;
+  h.ndim = 3;
+  h.shape = {2, 3, 4};
+  auto bytes = header_of(h);
+  auto back = wire::decode(bytes.data(), 1 << 20);
+  EXPECT_EQ(back.tag, h.tag);
+  EXPECT_EQ(back.virtual_clock, 1.5);
+  EXPECT_EQ(back.wall_clock, -2.25);
+  EXPECT_EQ(back.payload_crc, 77u);
+  EXPECT_EQ(back.dtype, wire::dtype_code::bfloat16);
+  EXPECT_EQ(back.ndim, 3);
+  EXPECT_EQ(back.shape[2], 4);
+  // A payload over the limit is refused before anything is allocated.
+  EXPECT_THROW(wire::decode(bytes.data(), 10), transport_error);
+}
+
+} // namespace
+} // namespace h2::transport

@@ -1,0 +1,55 @@
+// Connected channel pairs over every backend, for the conformance suite and
+// the fault tests: two endpoints (nodes 0 and 1) of one job, a dial and an
+// accept.
+#pragma once
+
+#include "h2/transport/endpoint.hpp"
+#include "h2/transport/inproc/channel.hpp"
+
+#include <future>
+#include <memory>
+#include <string>
+#include <utility>
+
+namespace h2::transport::test {
+
+using channel_pair =
+  std::pair<std::unique_ptr<channel>, std::unique_ptr<channel>>;
+
+inline std::shared_ptr<const job_secret> test_secret() {
+  return std::make_shared<const job_secret>("conformance-secret");
+}
+
+inline endpoint_options options_for(int rank, const std::string& backend,
+                                    std::shared_ptr<const job_secret> secret =
+                                      test_secret()) {
+  endpoint_options o;
+  o.node_rank = rank;
+  o.secret = std::move(secret);
+  o.backends = {backend};
+  o.shm_ring_bytes = std::uint64_t{1} << 20; // small: big messages stream
+  o.handshake_timeout = std::chrono::milliseconds(5000);
+  return o;
+}
+
+/// Dials `id` from `a` to `b` and accepts it on `b`.
+inline channel_pair connect(endpoint& a, endpoint& b,
+                            const std::string& backend,
+                            std::uint64_t id = 42) {
+  auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  auto accepted = std::async(std::launch::async,
+                             [&] { return b.accept(id, until); });
+  auto dialed = a.dial(b.address(), id, backend, until);
+  return {std::move(dialed), accepted.get()};
+}
+
+/// A pair over `backend` ("inproc", "shm", "tcp").
+inline channel_pair make_pair_over(const std::string& backend) {
+  if (backend == "inproc")
+    return inproc::make_pair();
+  endpoint a(options_for(0, backend));
+  endpoint b(options_for(1, backend));
+  return connect(a, b, backend);
+}
+
+} // namespace h2::transport::test

@@ -1,0 +1,382 @@
+#include "h2/transport/framed.hpp"
+
+#include "h2/transport/crc32c.hpp"
+
+#include <ATen/ops/empty.h>
+#include <openssl/crypto.h>
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
+#include <openssl/rand.h>
+
+#include <cstring>
+#include <fstream>
+#include <sstream>
+
+namespace h2::transport {
+
+// -- the job's secret ----------------------------------------------------------
+
+job_secret::job_secret(std::string bytes) : bytes_(std::move(bytes)) {
+}
+
+job_secret job_secret::from_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in)
+    throw config_error("security.secret_file",
+                       "cannot read the job's secret \"" + path + "\"");
+  std::ostringstream text;
+  text << in.rdbuf();
+  std::string s = text.str();
+  while (!s.empty() && (s.back() == '\n' || s.back() == '\r' ||
+                        s.back() == ' ' || s.back() == '\t'))
+    s.pop_back();
+  if (s.empty())
+    throw config_error("security.secret_file",
+                       "the job's secret \"" + path + "\" is empty");
+  return job_secret(std::move(s));
+}
+
+std::array<std::uint8_t, 32>
+job_secret::prove(const std::string& message) const {
+  std::array<std::uint8_t, 32> out{};
+  unsigned int len = 0;
+  HMAC(EVP_sha256(), bytes_.data(), static_cast<int>(bytes_.size()),
+       reinterpret_cast<const unsigned char*>(message.data()), message.size(),
+       out.data(), &len);
+  return out;
+}
+
+// -- handshake -----------------------------------------------------------------
+
+namespace {
+
+std::array<std::uint8_t, 32> random_nonce() {
+  std::array<std::uint8_t, 32> n{};
+  if (RAND_bytes(n.data(), static_cast<int>(n.size())) != 1)
+    throw error("no randomness for the handshake (RAND_bytes failed)");
+  return n;
+}
+
+std::string proof_message(const char* role,
+                          const std::array<std::uint8_t, 32>& nonce,
+                          std::uint64_t channel) {
+  std::string m(role);
+  m.append(reinterpret_cast<const char*>(nonce.data()), nonce.size());
+  m.append(reinterpret_cast<const char*>(&channel), sizeof(channel));
+  return m;
+}
+
+bool same(const std::array<std::uint8_t, 32>& a,
+          const std::array<std::uint8_t, 32>& b) {
+  return CRYPTO_memcmp(a.data(), b.data(), a.size()) == 0;
+}
+
+/// Reasons in a goodbye frame's payload.
+enum class goodbye_reason : std::uint32_t { closed = 0, unauthorized = 1 };
+
+void send_hello(byte_link& link, const wire::hello_payload& h) {
+  std::byte payload[wire::hello_bytes];
+  wire::encode(h, payload);
+  wire::frame_header fh;
+  fh.kind = wire::frame_kind::hello;
+  fh.payload_bytes = wire::hello_bytes;
+  std::byte header[wire::header_bytes];
+  wire::encode(fh, header);
+  link.write({{header, sizeof(header)}, {payload, sizeof(payload)}});
+}
+
+void send_goodbye(byte_link& link, goodbye_reason reason) noexcept {
+  try {
+    auto code = static_cast<std::uint32_t>(reason);
+    wire::frame_header fh;
+    fh.kind = wire::frame_kind::goodbye;
+    fh.payload_bytes = sizeof(code);
+    std::byte header[wire::header_bytes];
+    wire::encode(fh, header);
+    link.write({{header, sizeof(header)}, {&code, sizeof(code)}});
+  } catch (...) {
+    // The peer learns of the refusal from the closed link instead.
+  }
+}
+
+wire::hello_payload read_hello(byte_link& link, deadline until,
+                               std::uint32_t expected_step) {
+  std::byte header[wire::header_bytes];
+  link.read(header, sizeof(header), until);
+  auto fh = wire::decode(header, 1024);
+  if (fh.kind == wire::frame_kind::goodbye) {
+    std::uint32_t reason = 0;
+    if (fh.payload_bytes == sizeof(reason))
+      link.read(&reason, sizeof(reason), until);
+    if (reason == static_cast<std::uint32_t>(goodbye_reason::unauthorized))
+      throw transport_error(transport_errc::unauthorized,
+                            "peer " + link.peer() +
+                              " refused the job's secret");
+    throw transport_error(transport_errc::peer_closed,
+                          "peer " + link.peer() +
+                            " closed during the handshake");
+  }
+  if (fh.kind != wire::frame_kind::hello ||
+      fh.payload_bytes != wire::hello_bytes)
+    throw transport_error(transport_errc::corrupt_frame,
+                          "corrupt frame: expected a handshake from " +
+                            link.peer());
+  std::byte payload[wire::hello_bytes];
+  link.read(payload, sizeof(payload), until);
+  auto h = wire::decode_hello(payload, sizeof(payload));
+  if (h.step != expected_step)
+    throw transport_error(transport_errc::corrupt_frame,
+                          "corrupt frame: handshake step " +
+                            std::to_string(h.step) + " from " + link.peer());
+  return h;
+}
+
+[[noreturn]] void refuse(byte_link& link, const std::string& who) {
+  send_goodbye(link, goodbye_reason::unauthorized);
+  link.shutdown();
+  throw transport_error(transport_errc::unauthorized,
+                        who + " " + link.peer() +
+                          " does not know the job's secret");
+}
+
+} // namespace
+
+handshake_result dial_handshake(byte_link& link, const job_secret& secret,
+                                std::uint64_t channel, std::uint32_t rank,
+                                deadline until) {
+  wire::hello_payload challenge;
+  challenge.channel = channel;
+  challenge.node_rank = rank;
+  challenge.step = 1;
+  challenge.nonce = random_nonce();
+  send_hello(link, challenge);
+  auto response = read_hello(link, until, 2);
+  if (response.channel != channel)
+    throw transport_error(transport_errc::corrupt_frame,
+                          "corrupt frame: handshake for another channel");
+  if (!same(response.proof,
+            secret.prove(proof_message("acceptor", challenge.nonce, channel))))
+    refuse(link, "acceptor");
+  wire::hello_payload proof;
+  proof.channel = channel;
+  proof.node_rank = rank;
+  proof.step = 3;
+  proof.proof = secret.prove(proof_message("dialer", response.nonce, channel));
+  send_hello(link, proof);
+  read_hello(link, until, 4);
+  return {channel, response.node_rank};
+}
+
+handshake_result accept_handshake(byte_link& link, const job_secret& secret,
+                                  std::uint32_t rank, deadline until) {
+  auto challenge = read_hello(link, until, 1);
+  wire::hello_payload response;
+  response.channel = challenge.channel;
+  response.node_rank = rank;
+  response.step = 2;
+  response.nonce = random_nonce();
+  response.proof = secret.prove(
+    proof_message("acceptor", challenge.nonce, challenge.channel));
+  send_hello(link, response);
+  auto proof = read_hello(link, until, 3);
+  if (proof.channel != challenge.channel ||
+      !same(proof.proof, secret.prove(proof_message("dialer", response.nonce,
+                                                    challenge.channel))))
+    refuse(link, "dialer");
+  wire::hello_payload accepted;
+  accepted.channel = challenge.channel;
+  accepted.node_rank = rank;
+  accepted.step = 4;
+  send_hello(link, accepted);
+  return {challenge.channel, challenge.node_rank};
+}
+
+// -- tensors on the wire ---------------------------------------------------------
+
+namespace {
+
+wire::dtype_code code_of(at::ScalarType t) {
+  switch (t) {
+    case at::kFloat:
+      return wire::dtype_code::float32;
+    case at::kBFloat16:
+      return wire::dtype_code::bfloat16;
+    case at::kHalf:
+      return wire::dtype_code::float16;
+    case at::kLong:
+      return wire::dtype_code::int64;
+    case at::kInt:
+      return wire::dtype_code::int32;
+    case at::kByte:
+      return wire::dtype_code::uint8;
+    case at::kDouble:
+      return wire::dtype_code::float64;
+    default:
+      throw error(std::string("DiComm cannot send tensors of type ") +
+                  c10::toString(t));
+  }
+}
+
+at::ScalarType scalar_type_of(wire::dtype_code c) {
+  switch (c) {
+    case wire::dtype_code::float32:
+      return at::kFloat;
+    case wire::dtype_code::bfloat16:
+      return at::kBFloat16;
+    case wire::dtype_code::float16:
+      return at::kHalf;
+    case wire::dtype_code::int64:
+      return at::kLong;
+    case wire::dtype_code::int32:
+      return at::kInt;
+    case wire::dtype_code::uint8:
+      return at::kByte;
+    case wire::dtype_code::float64:
+      return at::kDouble;
+  }
+  throw internal_error("unknown dtype code");
+}
+
+} // namespace
+
+// -- the channel ---------------------------------------------------------------
+
+framed_channel::framed_channel(std::unique_ptr<byte_link> link,
+                               framed_options options)
+  : link_(std::move(link)), options_(options) {
+  reader_ = std::thread([this] { read_loop(); });
+}
+
+framed_channel::~framed_channel() {
+  close();
+  if (reader_.joinable())
+    reader_.join();
+}
+
+std::string_view framed_channel::backend() const noexcept {
+  return link_->backend();
+}
+
+void framed_channel::send(message m) {
+  if (closed_.load())
+    throw transport_error(transport_errc::cancelled,
+                          "send on a closed " +
+                            std::string(link_->backend()) + " channel");
+  if (auto f = inbox_.failure();
+      f && f->code() != transport_errc::timeout)
+    throw transport_error(f->code() == transport_errc::cancelled
+                            ? transport_errc::cancelled
+                            : transport_errc::peer_closed,
+                          f->what());
+  wire::frame_header h;
+  h.kind = wire::frame_kind::data;
+  h.tag = m.tag;
+  h.virtual_clock = m.sent.virtual_seconds;
+  h.wall_clock = m.sent.wall_seconds;
+  const void* payload = m.bytes.data();
+  at::Tensor t;
+  if (m.tensor.defined()) {
+    t = m.tensor.device().is_cpu() ? m.tensor.contiguous()
+                                   : m.tensor.to(at::kCPU).contiguous();
+    H2_ENFORCE(t.dim() <= wire::max_dims, "tensor of ", t.dim(),
+               " dimensions");
+    h.flags |= wire::flag::tensor;
+    h.dtype = code_of(t.scalar_type());
+    h.ndim = static_cast<std::uint8_t>(t.dim());
+    for (int i = 0; i < t.dim(); ++i)
+      h.shape[static_cast<std::size_t>(i)] = t.size(i);
+    payload = t.data_ptr();
+    h.payload_bytes = static_cast<std::uint64_t>(t.numel()) *
+                      static_cast<std::uint64_t>(t.element_size());
+  } else {
+    h.payload_bytes = m.bytes.size();
+  }
+  if (options_.crc) {
+    h.flags |= wire::flag::payload_crc;
+    h.payload_crc = crc32c(payload, h.payload_bytes);
+  }
+  std::byte header[wire::header_bytes];
+  wire::encode(h, header);
+  {
+    std::lock_guard<std::mutex> guard(write_mutex_);
+    link_->write({{header, sizeof(header)},
+                  {payload, static_cast<std::size_t>(h.payload_bytes)}});
+  }
+  messages_sent_ += 1;
+  bytes_sent_ += h.payload_bytes;
+}
+
+pending_message framed_channel::recv_async(std::uint64_t tag) {
+  return inbox_.receive(tag);
+}
+
+void framed_channel::close() noexcept {
+  if (closed_.exchange(true))
+    return;
+  inbox_.cancel(std::string(link_->backend()) + " channel closed");
+  link_->shutdown();
+}
+
+channel_stats framed_channel::stats() const {
+  return {messages_sent_.load(), inbox_.messages_delivered(),
+          bytes_sent_.load(), inbox_.bytes_delivered()};
+}
+
+void framed_channel::read_loop() {
+  try {
+    for (;;) {
+      std::byte header[wire::header_bytes];
+      link_->read(header, sizeof(header));
+      auto h = wire::decode(header, options_.max_payload_bytes);
+      if (h.kind == wire::frame_kind::goodbye)
+        throw transport_error(transport_errc::peer_closed,
+                              "peer " + link_->peer() + " closed the channel");
+      if (h.kind != wire::frame_kind::data)
+        throw transport_error(transport_errc::corrupt_frame,
+                              "corrupt frame: unexpected handshake from " +
+                                link_->peer());
+      message m;
+      m.tag = h.tag;
+      m.sent = {h.virtual_clock, h.wall_clock};
+      void* into = nullptr;
+      if ((h.flags & wire::flag::tensor) != 0) {
+        std::vector<std::int64_t> shape(h.shape.begin(),
+                                        h.shape.begin() + h.ndim);
+        m.tensor = at::empty(shape, scalar_type_of(h.dtype));
+        into = m.tensor.data_ptr();
+      } else {
+        m.bytes.resize(h.payload_bytes);
+        into = m.bytes.data();
+      }
+      try {
+        link_->read(into, h.payload_bytes);
+      } catch (const transport_error& e) {
+        if (e.code() != transport_errc::peer_closed)
+          throw;
+        throw transport_error(transport_errc::corrupt_frame,
+                              "corrupt frame: " + link_->peer() +
+                                " ended the stream inside a frame (" +
+                                e.what() + ")");
+      }
+      if ((h.flags & wire::flag::payload_crc) != 0 &&
+          crc32c(into, h.payload_bytes) != h.payload_crc)
+        throw transport_error(transport_errc::corrupt_frame,
+                              "corrupt frame: payload checksum mismatch from " +
+                                link_->peer());
+      inbox_.deliver(std::move(m));
+    }
+  } catch (const transport_error& e) {
+    if (!closed_.load())
+      inbox_.fail(e);
+  } catch (const std::exception& e) {
+    if (!closed_.load())
+      inbox_.fail(transport_error(transport_errc::corrupt_frame,
+                                  std::string("receiving from ") +
+                                    link_->peer() + ": " + e.what()));
+  }
+  // A corrupt frame leaves the stream unusable: end the link so the peer
+  // learns of it too.
+  link_->shutdown();
+}
+
+} // namespace h2::transport

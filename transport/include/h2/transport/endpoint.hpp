@@ -1,0 +1,144 @@
+// A node's transport endpoint: where its chips can be reached over every
+// backend it runs, and how channels to other nodes are dialed and accepted.
+// Backends are tried in NCCL's manner: an ordered table, the first that can
+// connect the two endpoints wins (same host -> shm, RDMA on both -> rdma,
+// else tcp; in-process pairs never reach an endpoint).
+#pragma once
+
+#include "h2/transport/framed.hpp"
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace h2::transport {
+
+/// Where a node's transport can be reached; exchanged through the
+/// coordinator (a plain struct so actors can send it).
+struct endpoint_address {
+  std::int32_t node_rank = 0;
+  /// The host's identity: boot id + network namespace (DESIGN.md: one
+  /// kernel and network namespace is one host).
+  std::string host_id;
+  std::string tcp_host; ///< address peers dial
+  std::uint16_t tcp_port = 0;
+  std::string shm_socket; ///< abstract Unix socket of the shm rendezvous
+  std::string rdma_device; ///< "" when this node has no RDMA device
+  std::uint16_t rdma_port = 0;
+};
+
+/// This process's host identity (see endpoint_address::host_id).
+std::string this_host_id();
+
+/// One backend of an endpoint: bootstraps a connection and turns it into the
+/// link data travels on. Every backend folder (tcp/, shm/, rdma/) provides
+/// one through the same three steps.
+class backend {
+public:
+  virtual ~backend() = default;
+
+  /// "shm", "rdma", "tcp".
+  virtual std::string_view name() const noexcept = 0;
+
+  /// Whether this backend can join `a` and `b` (NCCL's canConnect).
+  virtual bool can_connect(const endpoint_address& a,
+                           const endpoint_address& b) const = 0;
+
+  /// Starts listening, fills its part of `local`, and hands every incoming
+  /// bootstrap connection to `on_connection` (on a thread of its own).
+  virtual void start(endpoint_address& local,
+                     std::function<void(std::unique_ptr<byte_link>)>
+                       on_connection) = 0;
+
+  /// Opens a bootstrap connection to `peer`.
+  virtual std::unique_ptr<byte_link> connect(const endpoint_address& peer,
+                                             deadline until) = 0;
+
+  /// After the handshake on `bootstrap`: the link data travels on (the
+  /// bootstrap itself for tcp, a shared-memory ring for shm, queue pairs for
+  /// rdma).
+  virtual std::unique_ptr<byte_link>
+  upgrade(std::unique_ptr<byte_link> bootstrap, bool acceptor,
+          deadline until) = 0;
+
+  /// Stops listening. Idempotent.
+  virtual void stop() noexcept = 0;
+};
+
+struct endpoint_options {
+  std::int32_t node_rank = 0;
+  /// Where the tcp backend listens and what peers are told to dial.
+  std::string bind_host = "127.0.0.1";
+  std::shared_ptr<const job_secret> secret;
+  framed_options framing;
+  /// Backends to run, in preference order ("shm", "rdma", "tcp").
+  std::vector<std::string> backends = {"shm", "rdma", "tcp"};
+  /// Bytes of each direction's shared-memory ring.
+  std::uint64_t shm_ring_bytes = std::uint64_t{16} << 20;
+  /// How long a peer may take to complete the handshake.
+  std::chrono::milliseconds handshake_timeout{10000};
+};
+
+/// The backends this build can run, in preference order.
+std::vector<std::string> available_backends();
+
+/// Which backend joins `a` and `b`: `forced` when given (config_error when
+/// it cannot), else the first of {shm, rdma, tcp} that both run and that can
+/// connect them.
+std::string choose_backend(const endpoint_address& a,
+                           const endpoint_address& b,
+                           const std::vector<std::string>& enabled,
+                           std::string_view forced);
+
+class endpoint {
+public:
+  /// Starts every backend of `options`. Throws transport_error or
+  /// config_error when a listener cannot start.
+  explicit endpoint(endpoint_options options);
+  ~endpoint();
+
+  endpoint(const endpoint&) = delete;
+  endpoint& operator=(const endpoint&) = delete;
+
+  const endpoint_address& address() const noexcept { return address_; }
+
+  /// Dials channel `id` to `peer` over `backend_name`, runs the handshake
+  /// (protocol version, the job's secret) and returns the channel. Throws
+  /// transport_error (timeout, unauthorized, protocol_mismatch, ...).
+  std::unique_ptr<channel> dial(const endpoint_address& peer,
+                                std::uint64_t id,
+                                std::string_view backend_name, deadline until);
+
+  /// Waits for channel `id` dialed by a peer (who passed the handshake).
+  /// Throws transport_error(timeout) past `until`.
+  std::unique_ptr<channel> accept(std::uint64_t id, deadline until);
+
+  /// Incoming connections refused (wrong secret, wrong protocol, garbage).
+  std::uint64_t refused() const;
+
+  /// Stops listening and fails waiting accepts. Idempotent.
+  void stop() noexcept;
+
+private:
+  backend& find(std::string_view name);
+  void on_connection(backend& b, std::unique_ptr<byte_link> link);
+
+  endpoint_options options_;
+  endpoint_address address_;
+  std::vector<std::unique_ptr<backend>> backends_;
+  mutable std::mutex mutex_;
+  std::condition_variable arrived_;
+  std::map<std::uint64_t, std::unique_ptr<channel>> accepted_;
+  std::uint64_t refused_ = 0;
+  bool stopped_ = false;
+  std::vector<std::thread> handshakes_;
+};
+
+} // namespace h2::transport

@@ -1,0 +1,98 @@
+// DiComm's wire format: the fixed frame header every byte-stream backend
+// (shm, tcp, rdma) sends before each payload. Pure encoding, no I/O, no
+// libtorch. Decoding treats its input as hostile: every field is checked and
+// a bad frame is a transport_error (corrupt_frame, protocol_mismatch), never
+// a crash.
+//
+// Layout (little-endian, 128 bytes):
+//   0  u32 magic "H2DC"       44 u8  dtype code      48 i64[8] shape
+//   4  u16 version            45 u8  ndim            112 12 bytes reserved
+//   6  u8  kind               46 u16 reserved        124 u32 header CRC32C
+//   7  u8  flags              (payload follows the header)
+//   8  u64 tag
+//   16 f64 sender's virtual clock
+//   24 f64 sender's wall clock
+//   32 u64 payload bytes
+//   40 u32 payload CRC32C (when flags has payload_crc)
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+
+namespace h2::transport::wire {
+
+constexpr std::uint32_t magic = 0x43443248; // "H2DC"
+constexpr std::uint16_t version = 1;
+constexpr std::size_t header_bytes = 128;
+constexpr int max_dims = 8;
+
+enum class frame_kind : std::uint8_t {
+  data = 1,    ///< a message: tensor or byte buffer
+  hello = 2,   ///< handshake (payload: hello_payload)
+  goodbye = 3, ///< the sender closes the channel (payload: a reason code)
+};
+
+/// Bits of frame_header::flags.
+namespace flag {
+constexpr std::uint8_t tensor = 1;      ///< payload is a tensor's data
+constexpr std::uint8_t payload_crc = 2; ///< payload_crc is set
+constexpr std::uint8_t all = tensor | payload_crc;
+} // namespace flag
+
+/// Element types a tensor payload may have.
+enum class dtype_code : std::uint8_t {
+  float32 = 1,
+  bfloat16 = 2,
+  float16 = 3,
+  int64 = 4,
+  int32 = 5,
+  uint8 = 6,
+  float64 = 7,
+};
+
+/// Bytes per element; 0 for an unknown code.
+std::size_t element_size(dtype_code code) noexcept;
+
+struct frame_header {
+  frame_kind kind = frame_kind::data;
+  std::uint8_t flags = 0;
+  std::uint64_t tag = 0;
+  double virtual_clock = 0;
+  double wall_clock = 0;
+  std::uint64_t payload_bytes = 0;
+  std::uint32_t payload_crc = 0;
+  dtype_code dtype = dtype_code::uint8;
+  std::uint8_t ndim = 0;
+  std::array<std::int64_t, max_dims> shape{};
+};
+
+/// Writes `h` (and its header CRC) into `out[0, header_bytes)`.
+void encode(const frame_header& h, std::byte* out) noexcept;
+
+/// Reads and validates a header. Throws transport_error: protocol_mismatch
+/// for another magic or version, corrupt_frame for a bad CRC, unknown kind,
+/// dtype or flags, non-zero reserved bytes, more than max_dims dimensions,
+/// negative or overflowing shapes, a tensor shape that does not match the
+/// payload size, or a payload larger than `max_payload_bytes`.
+frame_header decode(const std::byte* in, std::uint64_t max_payload_bytes);
+
+/// The handshake's payload (frame_kind::hello).
+struct hello_payload {
+  std::uint64_t channel = 0;   ///< which channel the connection is for
+  std::uint32_t node_rank = 0; ///< the sender's node
+  /// 1: the dialer's challenge, 2: the acceptor's proof and challenge,
+  /// 3: the dialer's proof, 4: the acceptor accepts.
+  std::uint32_t step = 0;
+  std::array<std::uint8_t, 32> nonce{};
+  std::array<std::uint8_t, 32> proof{};
+};
+
+constexpr std::size_t hello_bytes = 8 + 4 + 4 + 32 + 32;
+
+void encode(const hello_payload& h, std::byte* out) noexcept;
+
+/// Throws transport_error(corrupt_frame) for a wrong size or step.
+hello_payload decode_hello(const std::byte* in, std::size_t size);
+
+} // namespace h2::transport::wire

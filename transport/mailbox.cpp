@@ -1,0 +1,94 @@
+#include "h2/transport/mailbox.hpp"
+
+#include <algorithm>
+
+namespace h2::transport {
+
+void mailbox::deliver(message m) {
+  std::lock_guard<std::mutex> guard(mutex_);
+  if (cancelled_)
+    return;
+  auto bytes = m.payload_bytes();
+  auto w = waiters_.find(m.tag);
+  if (w != waiters_.end()) {
+    while (!w->second.empty()) {
+      waiter next = std::move(w->second.front());
+      w->second.pop_front();
+      if (next->complete(m)) {
+        ++messages_;
+        bytes_ += bytes;
+        if (w->second.empty())
+          waiters_.erase(w);
+        return;
+      }
+    }
+    waiters_.erase(w);
+  }
+  queued_[m.tag].push_back(std::move(m));
+}
+
+pending_message mailbox::receive(std::uint64_t tag) {
+  auto s = std::make_shared<pending_message::state>();
+  s->tag = tag;
+  std::lock_guard<std::mutex> guard(mutex_);
+  auto q = queued_.find(tag);
+  if (!cancelled_ && q != queued_.end() && !q->second.empty()) {
+    message m = std::move(q->second.front());
+    q->second.pop_front();
+    if (q->second.empty())
+      queued_.erase(q);
+    ++messages_;
+    bytes_ += m.payload_bytes();
+    s->complete(m);
+  } else if (failure_) {
+    s->fail(*failure_);
+  } else {
+    // Receives that timed out are still listed; drop them so a loop polling
+    // a quiet tag does not grow the list.
+    auto& ws = waiters_[tag];
+    std::erase_if(ws, [](const waiter& w) { return w->ended(); });
+    ws.push_back(s);
+  }
+  return pending_message(std::move(s));
+}
+
+void mailbox::fail(const transport_error& e) {
+  std::lock_guard<std::mutex> guard(mutex_);
+  if (failure_)
+    return;
+  failure_ = e;
+  for (auto& [tag, ws] : waiters_)
+    for (auto& w : ws)
+      w->fail(e);
+  waiters_.clear();
+}
+
+void mailbox::cancel(const std::string& why) {
+  std::lock_guard<std::mutex> guard(mutex_);
+  if (cancelled_)
+    return;
+  cancelled_ = true;
+  failure_ = transport_error(transport_errc::cancelled, why);
+  for (auto& [tag, ws] : waiters_)
+    for (auto& w : ws)
+      w->fail(*failure_);
+  waiters_.clear();
+  queued_.clear();
+}
+
+std::optional<transport_error> mailbox::failure() const {
+  std::lock_guard<std::mutex> guard(mutex_);
+  return failure_;
+}
+
+std::uint64_t mailbox::messages_delivered() const {
+  std::lock_guard<std::mutex> guard(mutex_);
+  return messages_;
+}
+
+std::uint64_t mailbox::bytes_delivered() const {
+  std::lock_guard<std::mutex> guard(mutex_);
+  return bytes_;
+}
+
+} // namespace h2::transport
