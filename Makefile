@@ -13,7 +13,7 @@ DEB_PACKAGES := \
   cmake g++ make pkg-config \
   libcaf-dev libtorch-dev libopenblas0-openmp \
   libasio-dev libtomlplusplus-dev nlohmann-json3-dev libcli11-dev libssl-dev \
-  libgtest-dev libgmock-dev libbenchmark-dev \
+  libgtest-dev libgmock-dev libbenchmark-dev libgloo-dev \
   libibverbs-dev librdmacm-dev libamdhip64-dev \
   prometheus iproute2 procps
 

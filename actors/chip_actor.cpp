@@ -11,12 +11,7 @@ struct chip_state {
   worker_setup setup;
   std::unique_ptr<stage_worker> worker;
 
-  void close_channels() noexcept {
-    if (setup.prev)
-      setup.prev->close();
-    if (setup.next)
-      setup.next->close();
-  }
+  void close_channels() noexcept { setup.close_channels(); }
 
   /// Runs `f` on the worker; exceptions become H2 caf::errors.
   template <class F>

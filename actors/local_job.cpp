@@ -28,24 +28,46 @@ void configure_actor_system(caf::actor_system_config& cfg) {
   cfg.add_message_type<parameter_values>("h2.parameter_values");
   cfg.add_error_category(error_category, render_error);
   // Chips run on threads of their own (detached); CAF's scheduler threads
-  // only carry the scheduler actor's light work. One is enough, and it must
-  // not busy-poll the cores the chips compute on.
-  cfg.set("scheduler.max-threads", 1);
+  // only carry light work and must not busy-poll the cores the chips
+  // compute on.
   cfg.set("work-stealing.aggressive-poll-attempts", 1);
   cfg.set("work-stealing.moderate-poll-attempts", 1);
 }
 
+namespace {
+
+/// `w` with in-process channels to each of its peers.
+worker_setup connect_local(
+  worker_setup w,
+  const std::map<chip_link, std::pair<std::shared_ptr<transport::channel>,
+                                      std::shared_ptr<transport::channel>>>&
+    links,
+  const job_config& job) {
+  const chip_id self = w.assignment.chip;
+  for (auto& [peer, link] : w.peers) {
+    bool low = self < peer;
+    const auto& pair = links.at(low ? chip_link{self, peer}
+                                    : chip_link{peer, self});
+    link.channel = low ? pair.first : pair.second;
+    link.profile = job.find_chip(peer)->profile;
+  }
+  return w;
+}
+
+} // namespace
+
 local_job::local_job(std::shared_ptr<const job_config> job, plan p)
     : job_(std::move(job)), plan_(std::move(p)) {
-  if (plan_.replicas.size() != 1)
-    throw config_error("plan.replicas",
-                       std::to_string(plan_.replicas.size()) +
-                         " replicas: this release trains one pipeline "
-                         "replica (data-parallel replicas need DiComm's "
-                         "collectives)");
 }
 
 local_job::~local_job() = default;
+
+std::vector<parameter_values>
+local_job::parameters_of(const chip_id& chip) const {
+  auto i = chip_parameters_.find(chip);
+  return i == chip_parameters_.end() ? std::vector<parameter_values>{}
+                                     : i->second;
+}
 
 void local_job::abort() noexcept {
   cancel_->cancel();
@@ -67,55 +89,20 @@ run_summary local_job::run(const run_options& opts, training_observer& observer,
   ctx->observer = &observer;
   ctx->stop = std::move(stop);
 
-  int first_sequence = 0;
-  for (std::size_t ri = 0; ri < plan_.replicas.size(); ++ri) {
-    const auto& r = plan_.replicas[ri];
-    const int stages = static_cast<int>(r.stages.size());
-    // links[s] joins stage s and s + 1.
-    std::vector<std::pair<std::shared_ptr<transport::channel>,
-                          std::shared_ptr<transport::channel>>>
-      links;
-    for (int s = 0; s + 1 < stages; ++s) {
-      auto [a, b] = transport::inproc::make_pair();
-      links.emplace_back(std::move(a), std::move(b));
-      std::lock_guard<std::mutex> guard(mutex_);
-      channels_.push_back(links.back().first);
-      channels_.push_back(links.back().second);
-    }
-    for (int s = 0; s < stages; ++s) {
-      const auto& sp = r.stages[static_cast<std::size_t>(s)];
-      worker_setup w;
-      w.job = job_;
-      w.chip = job_->find_chip(sp.chip);
-      H2_ENFORCE(w.chip != nullptr, "no chip ", sp.chip.to_string());
-      w.replica = static_cast<int>(ri);
-      w.stage = s;
-      w.stages = stages;
-      w.assignment = sp;
-      w.micro_batch_size = r.micro_batch_size;
-      w.micro_batches = r.micro_batches;
-      w.first_sequence = first_sequence;
-      w.schedule = plan_.schedule;
-      w.origin = origin;
-      w.cancel = cancel_;
-      auto neighbour = [&](int n) {
-        return job_->find_chip(r.stages[static_cast<std::size_t>(n)].chip);
-      };
-      if (s > 0) {
-        w.prev = links[static_cast<std::size_t>(s - 1)].second;
-        w.prev_chip = neighbour(s - 1)->id;
-        w.prev_profile = neighbour(s - 1)->profile;
-      }
-      if (s + 1 < stages) {
-        w.next = links[static_cast<std::size_t>(s)].first;
-        w.next_chip = neighbour(s + 1)->id;
-        w.next_profile = neighbour(s + 1)->profile;
-      }
-      ctx->chips.push_back(
-        system.spawn<caf::detached>(chip_actor, std::move(w)));
-    }
-    first_sequence += r.sequences();
+  // One in-process channel per pair of chips that exchange tensors.
+  std::map<chip_link, std::pair<std::shared_ptr<transport::channel>,
+                                std::shared_ptr<transport::channel>>>
+    links;
+  for (const auto& l : plan_links(plan_)) {
+    auto [a, b] = transport::inproc::make_pair();
+    std::lock_guard<std::mutex> guard(mutex_);
+    channels_.push_back(std::shared_ptr<transport::channel>(std::move(a)));
+    channels_.push_back(std::shared_ptr<transport::channel>(std::move(b)));
+    links[l] = {channels_[channels_.size() - 2], channels_.back()};
   }
+  for (auto& w : make_worker_setups(job_, plan_, origin, cancel_))
+    ctx->chips.push_back(system.spawn<caf::detached>(
+      chip_actor, connect_local(std::move(w), links, *job_)));
 
   auto sched = spawn_scheduler(system, ctx);
   std::optional<run_summary> result;
@@ -126,15 +113,22 @@ run_summary local_job::run(const run_options& opts, training_observer& observer,
       .receive([&](run_summary& s) { result = s; },
                [&](caf::error& e) { failed = to_failure(e); });
     parameters_.clear();
+    chip_parameters_.clear();
     if (!failed && opts.collect_parameters) {
-      // Chips of replica 0 come first, in stage (and so layer) order.
+      // Chips come replica by replica, stage by stage: replica 0's first,
+      // in layer order.
       const auto stages = plan_.replicas.front().stages.size();
-      for (std::size_t i = 0; i < stages && !failed; ++i)
+      std::vector<chip_id> order;
+      for (const auto& r : plan_.replicas)
+        for (const auto& s : r.stages)
+          order.push_back(s.chip);
+      for (std::size_t i = 0; i < ctx->chips.size() && !failed; ++i)
         self->request(ctx->chips[i], caf::infinite, params_atom::value)
           .receive(
             [&](std::vector<parameter_values>& ps) {
-              for (auto& p : ps)
-                parameters_.push_back(std::move(p));
+              if (i < stages)
+                parameters_.insert(parameters_.end(), ps.begin(), ps.end());
+              chip_parameters_[order[i]] = std::move(ps);
             },
             [&](caf::error& e) { failed = to_failure(e); });
     }

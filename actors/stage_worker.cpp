@@ -1,7 +1,11 @@
 #include "h2/actors/stage_worker.hpp"
 
 #include "h2/model/optim.hpp"
+#include "h2/transport/collectives.hpp"
 #include "h2/transport/tags.hpp"
+
+#include <ATen/ops/cat.h>
+#include <ATen/ops/zeros_like.h>
 
 #include <ATen/core/grad_mode.h>
 #include <c10/util/Exception.h>
@@ -57,11 +61,74 @@ stage_worker::~stage_worker() {
   close_channels();
 }
 
+std::vector<worker_setup>
+make_worker_setups(const std::shared_ptr<const job_config>& job,
+                   const plan& p,
+                   devices::chip_clock::wall_clock::time_point origin,
+                   const std::shared_ptr<const cancellation>& cancel) {
+  std::vector<worker_setup> out;
+  const auto groups = reduction_groups(p);
+  int first_sequence = 0;
+  for (std::size_t ri = 0; ri < p.replicas.size(); ++ri) {
+    const auto& r = p.replicas[ri];
+    const int stages = static_cast<int>(r.stages.size());
+    for (int s = 0; s < stages; ++s) {
+      const auto& sp = r.stages[static_cast<std::size_t>(s)];
+      worker_setup w;
+      w.job = job;
+      w.chip = job->find_chip(sp.chip);
+      H2_ENFORCE(w.chip != nullptr, "no chip ", sp.chip.to_string());
+      w.replica = static_cast<int>(ri);
+      w.stage = s;
+      w.stages = stages;
+      w.assignment = sp;
+      w.micro_batch_size = r.micro_batch_size;
+      w.micro_batches = r.micro_batches;
+      w.first_sequence = first_sequence;
+      w.schedule = p.schedule;
+      w.origin = origin;
+      w.cancel = cancel;
+      if (s > 0) {
+        w.prev = r.stages[static_cast<std::size_t>(s - 1)].chip;
+        w.peers[*w.prev] = {};
+      }
+      if (s + 1 < stages) {
+        w.next = r.stages[static_cast<std::size_t>(s + 1)].chip;
+        w.peers[*w.next] = {};
+      }
+      for (std::size_t g = 0; g < groups.size(); ++g) {
+        const auto& group = groups[g];
+        const int size = static_cast<int>(group.members.size());
+        if (group.members[ri] != sp.chip)
+          continue;
+        reduction_assignment red;
+        red.group = static_cast<int>(g);
+        red.first_layer = group.first_layer;
+        red.end_layer = group.end_layer;
+        red.rank = static_cast<int>(ri);
+        red.size = size;
+        red.next = group.members[(ri + 1) % group.members.size()];
+        red.prev = group.members[(ri + group.members.size() - 1) %
+                                 group.members.size()];
+        w.peers[red.next] = {};
+        w.peers[red.prev] = {};
+        w.reductions.push_back(red);
+      }
+      out.push_back(std::move(w));
+    }
+    first_sequence += r.sequences();
+  }
+  return out;
+}
+
+void worker_setup::close_channels() const noexcept {
+  for (const auto& [peer, link] : peers)
+    if (link.channel)
+      link.channel->close();
+}
+
 void stage_worker::close_channels() noexcept {
-  if (setup_.prev)
-    setup_.prev->close();
-  if (setup_.next)
-    setup_.next->close();
+  setup_.close_channels();
 }
 
 template <class F>
@@ -111,25 +178,32 @@ double stage_worker::layer_seconds(devices::pass p) const {
   return total;
 }
 
-at::Tensor stage_worker::receive(transport::channel& ch,
-                                 const chip_profile& peer, std::uint64_t tag,
+at::Tensor stage_worker::receive(const chip_id& peer, std::uint64_t tag,
                                  op_context& ctx, int micro_batch) {
+  const peer_link& p = setup_.peers.at(peer);
   auto& clock = device_->clock();
   double wait_start = clock.now(), v0 = clock.virtual_now();
-  transport::message m = ch.recv(tag, timeout_);
-  double link = device_->transfer_seconds(m.payload_bytes(), peer);
-  ctx.idle_seconds += clock.complete_receive(wait_start, m.sent.virtual_seconds,
-                                             m.sent.wall_seconds, link);
-  ctx.ops.push_back(
-    {static_cast<std::uint8_t>(transport::tag_kind_of(tag) == tag_kind::gradient
-                                 ? op_kind::recv_backward
-                                 : op_kind::recv_forward),
-     micro_batch, wait_start, clock.now(), clock.virtual_now() - v0});
+  transport::message m = p.channel->recv(tag, timeout_);
+  double link = device_->transfer_seconds(m.payload_bytes(), p.profile);
+  double idle = clock.complete_receive(wait_start, m.sent.virtual_seconds,
+                                       m.sent.wall_seconds, link);
+  const auto kind = transport::tag_kind_of(tag);
+  if (kind != tag_kind::control) {
+    // Waits of the pipeline are its bubble; a reduction's waits are part of
+    // the reduction's own op record.
+    ctx.idle_seconds += idle;
+    ctx.ops.push_back({static_cast<std::uint8_t>(kind == tag_kind::gradient
+                                                   ? op_kind::recv_backward
+                                                   : op_kind::recv_forward),
+                       micro_batch, wait_start, clock.now(),
+                       clock.virtual_now() - v0});
+  }
   return device_->take(m.tensor);
 }
 
-void stage_worker::send(transport::channel& ch, std::uint64_t tag,
+void stage_worker::send(const chip_id& peer, std::uint64_t tag,
                         const at::Tensor& t) {
+  transport::channel& ch = *setup_.peers.at(peer).channel;
   const auto& clock = device_->clock();
   transport::message m;
   m.tag = tag;
@@ -148,13 +222,9 @@ namespace {
 /// Traffic per neighbour so far.
 std::vector<channel_traffic> traffic_of(const worker_setup& s) {
   std::vector<channel_traffic> out;
-  if (s.prev) {
-    auto st = s.prev->stats();
-    out.push_back({s.prev_chip, st.bytes_sent, st.bytes_received});
-  }
-  if (s.next) {
-    auto st = s.next->stats();
-    out.push_back({s.next_chip, st.bytes_sent, st.bytes_received});
+  for (const auto& [peer, link] : s.peers) {
+    auto st = link.channel->stats();
+    out.push_back({peer, st.bytes_sent, st.bytes_received});
   }
   return out;
 }
@@ -193,9 +263,9 @@ chip_step_report stage_worker::run_step(const step_command& cmd) {
       check_cancelled();
       switch (op.kind) {
         case op_kind::recv_forward: {
-          auto t =
-            receive(*setup_.prev, setup_.prev_profile,
-                    make_tag(tag_kind::activation, cmd.step, mb), ctx, mb);
+          auto t = receive(*setup_.prev,
+                           make_tag(tag_kind::activation, cmd.step, mb), ctx,
+                           mb);
           t.set_requires_grad(true);
           ctx.input[i] = t;
           break;
@@ -233,7 +303,7 @@ chip_step_report stage_worker::run_step(const step_command& cmd) {
           break;
         case op_kind::recv_backward:
           ctx.grad[i] =
-            receive(*setup_.next, setup_.next_profile,
+            receive(*setup_.next,
                     make_tag(tag_kind::gradient, cmd.step, mb), ctx, mb);
           break;
         case op_kind::backward: {
@@ -270,6 +340,7 @@ chip_step_report stage_worker::run_step(const step_command& cmd) {
           break;
       }
     }
+    reduce_gradients(cmd.step, ctx);
     r.phase_end = clocks();
     for (const auto& l : stage_->layers())
       r.layer_squared_norms.push_back(model::squared_grad_norm(*l));
@@ -339,7 +410,7 @@ chip_eval_report stage_worker::run_eval(const eval_command& cmd) {
       switch (op.kind) {
         case op_kind::recv_forward:
           ctx.input[i] =
-            receive(*setup_.prev, setup_.prev_profile, tag, ctx, mb);
+            receive(*setup_.prev, tag, ctx, mb);
           break;
         case op_kind::forward: {
           model::micro_batch batch;
@@ -384,6 +455,62 @@ std::vector<parameter_values> stage_worker::parameters() const {
         {p.name, t.sizes().vec(), std::vector<float>(data, data + t.numel())});
     }
   return out;
+}
+
+void stage_worker::reduce_gradients(std::int64_t step, op_context& ctx) {
+  if (setup_.reductions.empty())
+    return;
+  const auto& transport = setup_.job->transport;
+  auto& clock = device_->clock();
+  const double t0 = clock.now(), v0 = clock.virtual_now();
+  transport::allreduce_options options;
+  options.step = step;
+  options.wire_dtype =
+    transport.reduce_dtype == dtype::bf16 ? at::kBFloat16 : at::kFloat;
+  for (const auto& red : setup_.reductions) {
+    // The group's parameters held here; every member holds the same ones,
+    // so every member cuts the same buckets.
+    std::vector<model::parameter*> params;
+    for (const auto& l : stage_->layers())
+      if (l->index() >= red.first_layer && l->index() < red.end_layer)
+        for (auto& p : l->parameters())
+          params.push_back(&p);
+    transport::ring_io io{
+      [&](std::uint64_t tag, const at::Tensor& t) { send(red.next, tag, t); },
+      [&](std::uint64_t tag) { return receive(red.prev, tag, ctx, 0); },
+      {}};
+    options.group = red.group;
+    options.bucket = 0;
+    for (std::size_t i = 0; i < params.size(); ++options.bucket) {
+      std::vector<model::parameter*> bucket;
+      std::uint64_t bytes = 0;
+      do {
+        bucket.push_back(params[i]);
+        bytes += static_cast<std::uint64_t>(params[i]->value.numel()) * 4;
+        ++i;
+      } while (i < params.size() &&
+               bytes + static_cast<std::uint64_t>(params[i]->value.numel()) *
+                           4 <=
+                 transport.bucket_bytes);
+      std::vector<at::Tensor> grads;
+      for (auto* p : bucket) {
+        auto& g = p->value.mutable_grad();
+        if (!g.defined())
+          g = at::zeros_like(p->value);
+        grads.push_back(g.reshape({-1}));
+      }
+      at::Tensor flat = at::cat(grads);
+      transport::ring_allreduce(flat, red.rank, red.size, options, io);
+      std::int64_t offset = 0;
+      for (auto* p : bucket) {
+        auto& g = p->value.mutable_grad();
+        g.copy_(flat.narrow(0, offset, g.numel()).view_as(g));
+        offset += g.numel();
+      }
+    }
+  }
+  ctx.ops.push_back({static_cast<std::uint8_t>(extra_op::allreduce), 0, t0,
+                     clock.now(), clock.virtual_now() - v0});
 }
 
 setup_report stage_worker::ready_report() const {

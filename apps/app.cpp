@@ -26,7 +26,8 @@ int run_app(const std::string& program, const std::function<int()>& body) {
   } catch (const actors::run_error& e) {
     std::cerr << program << ": training failed (" << to_string(e.code())
               << "): " << first_line(e.what()) << std::endl;
-    return exit_failed;
+    return e.code() == actors::errc::peer_lost ? exit_peer_failed
+                                               : exit_failed;
   } catch (const std::exception& e) {
     std::cerr << program << ": error: " << first_line(e.what()) << std::endl;
     return exit_failed;

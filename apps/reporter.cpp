@@ -29,6 +29,8 @@ std::string op_name(std::uint8_t kind) {
       return "optimizer";
     case static_cast<std::uint8_t>(actors::extra_op::eval_forward):
       return "eval forward";
+    case static_cast<std::uint8_t>(actors::extra_op::allreduce):
+      return "allreduce";
     default:
       return std::string(
         scheduler::to_string(static_cast<scheduler::op_kind>(kind)));
@@ -47,6 +49,11 @@ reporter::reporter(const job_config& job, reporter_options options,
   }
   if (!options_.trace.empty())
     trace_ = std::make_unique<metrics::trace_writer>();
+  if (registry_ != nullptr && options_.predicted_step_seconds)
+    registry_
+      ->get_gauge("h2_predicted_step_seconds",
+                  "HeteroAuto's predicted step time of the plan (run clock).")
+      .set(*options_.predicted_step_seconds);
 }
 
 metrics::label_set reporter::chip_labels(const chip_id& id, int stage) const {
@@ -269,6 +276,12 @@ void reporter::finish(const actors::run_summary& s) {
                s.tokens_per_second, s.mean_step_seconds,
                100.0 * s.mean_bubble_fraction,
                std::string(to_string(job_.emulation.clock)).c_str());
+  if (options_.predicted_step_seconds && s.steps > 0)
+    std::fprintf(out,
+                 "h2: measured %.4f s/step against HeteroAuto's predicted "
+                 "%.4f s (ratio %.3f)\n",
+                 s.mean_step_seconds, *options_.predicted_step_seconds,
+                 s.mean_step_seconds / *options_.predicted_step_seconds);
   if (job_.emulation.clock == clock_mode::wall && s.virtual_seconds > 0)
     std::fprintf(out,
                  "h2: wall time %.2f s for %.2f s of emulated time "
@@ -282,6 +295,11 @@ void reporter::finish(const actors::run_summary& s) {
                             {"final_loss", s.final_loss},
                             {"final_val_loss", s.final_val_loss},
                             {"mean_step_seconds", s.mean_step_seconds},
+                            {"predicted_step_seconds",
+                             options_.predicted_step_seconds
+                               ? nlohmann::json(
+                                   *options_.predicted_step_seconds)
+                               : nlohmann::json(nullptr)},
                             {"tokens_per_second", s.tokens_per_second},
                             {"mean_bubble_fraction", s.mean_bubble_fraction},
                             {"virtual_seconds", s.virtual_seconds},

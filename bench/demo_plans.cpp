@@ -5,8 +5,8 @@
 // estimates are run for one step on the virtual clock, and the fastest of
 // those and the even plan are then both trained under the wall clock.
 #include "bench_common.hpp"
+#include "run_plan.hpp"
 
-#include "h2/actors/local_job.hpp"
 #include "h2/core/job.hpp"
 #include "h2/devices/emulated/cost_function.hpp"
 #include "h2/scheduler/plan_builder.hpp"
@@ -18,18 +18,6 @@
 using namespace h2;
 
 namespace {
-
-/// Mean step seconds of steps [skip, steps) of `p`.
-double step_seconds(std::shared_ptr<job_config> job, const plan& p, int steps,
-                    int skip) {
-  actors::local_job local(job, p);
-  actors::step_recorder c;
-  local.run({steps, false}, c);
-  double total = 0;
-  for (int i = skip; i < steps; ++i)
-    total += c.steps[static_cast<std::size_t>(i)].step_seconds;
-  return total / (steps - skip);
-}
 
 /// Every composition of `layers` into `parts` positive counts.
 void compositions(int layers, int parts, std::vector<int>& cur,
@@ -84,8 +72,9 @@ int main(int argc, char** argv) {
     for (int l = 0; l < job.model.num_layers(); ++l) {
       auto w = compute_layer_work(job.model, l, job.train.micro_batch,
                                   spec.compute_dtype);
-      layer_seconds[c].push_back(cost.layer_seconds(w, devices::pass::forward) +
-                                 cost.layer_seconds(w, devices::pass::backward));
+      layer_seconds[c].push_back(
+        cost.layer_seconds(w, devices::pass::forward) +
+        cost.layer_seconds(w, devices::pass::backward));
     }
   }
   std::vector<std::pair<double, plan>> estimates;
@@ -121,13 +110,14 @@ int main(int argc, char** argv) {
             [](const auto& a, const auto& b) { return a.first < b.first; });
 
   plan best = even;
-  double best_seconds = step_seconds(virtual_job, even, 1, 0);
+  double best_seconds = bench::mean_step_seconds(virtual_job, even, 1, 0);
   const double even_virtual = best_seconds;
   const std::size_t measured = std::min<std::size_t>(20, estimates.size());
   for (std::size_t i = 0; i < measured; ++i) {
     double seconds;
     try {
-      seconds = step_seconds(virtual_job, estimates[i].second, 1, 0);
+      seconds =
+        bench::mean_step_seconds(virtual_job, estimates[i].second, 1, 0);
     } catch (const std::exception&) {
       continue; // does not fit in some chip's memory
     }
@@ -142,8 +132,8 @@ int main(int argc, char** argv) {
               describe(*wall_job, best).c_str());
 
   const int steps = 20, skip = 2;
-  double even_wall = step_seconds(wall_job, even, steps, skip);
-  double best_wall = step_seconds(wall_job, best, steps, skip);
+  double even_wall = bench::mean_step_seconds(wall_job, even, steps, skip);
+  double best_wall = bench::mean_step_seconds(wall_job, best, steps, skip);
   double tokens = static_cast<double>(wall_job->tokens_per_step());
   std::vector<bench::record> rs;
   rs.push_back({"demo.tokens_per_second_best_manual_vs_even_wall",

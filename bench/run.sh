@@ -4,7 +4,8 @@ set -eu
 build=${1:-build}
 out="$build/bench-results.json"
 rm -f "$out"
-for b in runtime_overhead single_chip demo_plans; do
+for b in runtime_overhead single_chip demo_plans plan_scale superlinear dicomm \
+         demo_nodes; do
   echo "== $b"
   "$build/bench/bench_$b" --out "$out"
 done

@@ -43,7 +43,15 @@ std::string_view to_string(device_backend b) noexcept {
 }
 
 std::string_view to_string(plan_mode m) noexcept {
-  return m == plan_mode::manual ? "manual" : "even";
+  switch (m) {
+    case plan_mode::even:
+      return "even";
+    case plan_mode::manual:
+      return "manual";
+    case plan_mode::automatic:
+      return "auto";
+  }
+  return "unknown";
 }
 
 std::vector<const chip_spec*> job_config::chips() const {
@@ -404,12 +412,14 @@ void read_plan(table_reader& root, job_config& job) {
   auto t = root.maybe_table("plan");
   if (!t)
     t.emplace(none, "plan");
-  p.mode = enum_value(*t, "mode", p.mode, "\"even\", \"manual\"",
+  p.mode = enum_value(*t, "mode", p.mode, "\"even\", \"manual\", \"auto\"",
                       [](const std::string& s) -> std::optional<plan_mode> {
                         if (s == "even")
                           return plan_mode::even;
                         if (s == "manual")
                           return plan_mode::manual;
+                        if (s == "auto")
+                          return plan_mode::automatic;
                         return std::nullopt;
                       });
   p.schedule =
@@ -459,7 +469,9 @@ void read_plan(table_reader& root, job_config& job) {
     if (layer_counts != nullptr)
       throw config_error(t->path("layers"),
                          "only allowed with plan.mode = \"manual\"");
-    if (stages > layers)
+    // auto: plan.stages lists the chips the planner may use; it chooses
+    // the pipeline depth itself.
+    if (p.mode == plan_mode::even && stages > layers)
       throw config_error(t->path("stages"), std::to_string(stages) +
                                               " stages but the model has "
                                               "only " +
@@ -467,6 +479,10 @@ void read_plan(table_reader& root, job_config& job) {
                                               " layers");
   }
   if (const toml::array* r = t->maybe_array("recompute")) {
+    if (p.mode == plan_mode::automatic)
+      throw config_error(t->path("recompute"),
+                         "not allowed with plan.mode = \"auto\" (the "
+                         "planner decides recomputation per stage)");
     if (static_cast<int>(r->size()) != stages)
       throw config_error(t->path("recompute"),
                          "has " + std::to_string(r->size()) +
@@ -496,8 +512,70 @@ void read_transport(table_reader& root, job_config& job) {
   auto t = root.maybe_table("transport");
   if (!t)
     return;
-  job.transport.timeout_seconds =
-    number_in(*t, "timeout_seconds", 60, 0, 86400, true);
+  auto& tr = job.transport;
+  tr.timeout_seconds = number_in(*t, "timeout_seconds", 60, 0, 86400, true);
+  tr.backend = enum_value(*t, "backend", tr.backend,
+                          "\"auto\", \"shm\", \"tcp\", \"rdma\"",
+                          [](const std::string& s) -> std::optional<std::string> {
+                            if (s == "auto" || s == "shm" || s == "tcp" ||
+                                s == "rdma")
+                              return s;
+                            return std::nullopt;
+                          });
+  tr.crc = t->optional<bool>("crc", tr.crc);
+  tr.shm_ring_bytes = static_cast<std::uint64_t>(
+    number_in(*t, "shm_ring_mb", 16, 0, 1 << 20, true) * (1 << 20));
+  tr.bucket_bytes = static_cast<std::uint64_t>(
+    number_in(*t, "bucket_mb", 25, 0, 1 << 20, true) * (1 << 20));
+  tr.reduce_dtype = enum_value(*t, "reduce_dtype", tr.reduce_dtype,
+                               "\"fp32\", \"bf16\"",
+                               [](const std::string& s) -> std::optional<dtype> {
+                                 if (s == "fp32")
+                                   return dtype::fp32;
+                                 if (s == "bf16")
+                                   return dtype::bf16;
+                                 return std::nullopt;
+                               });
+  t->finish();
+}
+
+void read_security(table_reader& root, job_config& job) {
+  auto t = root.maybe_table("security");
+  if (!t)
+    return;
+  job.security.secret_file = t->optional<std::string>("secret_file", "");
+  t->finish();
+}
+
+/// One [topology.<tier>] table: bandwidth_gb_per_s and latency_seconds,
+/// both optional (absent: the chips' own figures).
+void read_tier(table_reader& topology, std::string_view key,
+               tier_figures& out) {
+  auto t = topology.maybe_table(key);
+  if (!t)
+    return;
+  if (t->has("bandwidth_gb_per_s")) {
+    double v = t->required<double>("bandwidth_gb_per_s");
+    if (!(v > 0)) // inf is allowed: transfers then cost only the latency
+      throw config_error(t->path("bandwidth_gb_per_s"),
+                         "expected a positive number (inf allowed)");
+    out.bandwidth_bytes_per_second = v * 1e9;
+  }
+  if (t->has("latency_seconds"))
+    out.latency_seconds = number_in(*t, "latency_seconds", 0, 0, 10);
+  t->finish();
+}
+
+void read_topology(table_reader& root, job_config& job) {
+  auto t = root.maybe_table("topology");
+  if (!t)
+    return;
+  auto& topo = job.topology;
+  topo.nodes_per_host = positive_int(*t, "nodes_per_host", 1);
+  read_tier(*t, "same_node", topo.same_node);
+  read_tier(*t, "same_host", topo.same_host);
+  read_tier(*t, "between_hosts", topo.between_hosts);
+  read_tier(*t, "between_islands", topo.between_islands);
   t->finish();
 }
 
@@ -532,6 +610,8 @@ job_config parse_job(std::string_view toml_text, const std::string& origin) {
   read_plan(top, job);
   read_metrics(top, job);
   read_transport(top, job);
+  read_security(top, job);
+  read_topology(top, job);
   top.finish();
   return job;
 }

@@ -149,6 +149,45 @@ plan plan_from_json(const std::string& text, const std::string& origin) {
   return p;
 }
 
+std::vector<reduction_group> reduction_groups(const plan& p) {
+  std::vector<reduction_group> out;
+  if (p.replicas.size() < 2)
+    return out;
+  int layers = p.replicas.front().stages.back().end_layer;
+  auto holder = [](const replica_plan& r, int layer) {
+    for (const auto& s : r.stages)
+      if (s.first_layer <= layer && layer < s.end_layer)
+        return s.chip;
+    throw internal_error("layer " + std::to_string(layer) + " unassigned");
+  };
+  for (int l = 0; l < layers; ++l) {
+    std::vector<chip_id> members;
+    for (const auto& r : p.replicas)
+      members.push_back(holder(r, l));
+    if (!out.empty() && out.back().members == members &&
+        out.back().end_layer == l)
+      out.back().end_layer = l + 1;
+    else
+      out.push_back({l, l + 1, std::move(members)});
+  }
+  return out;
+}
+
+std::vector<chip_link> plan_links(const plan& p) {
+  std::set<chip_link> links;
+  auto add = [&](chip_id x, chip_id y) {
+    if (x != y)
+      links.insert(x < y ? chip_link{x, y} : chip_link{y, x});
+  };
+  for (const auto& r : p.replicas)
+    for (std::size_t s = 1; s < r.stages.size(); ++s)
+      add(r.stages[s - 1].chip, r.stages[s].chip);
+  for (const auto& g : reduction_groups(p))
+    for (std::size_t i = 0; i < g.members.size(); ++i)
+      add(g.members[i], g.members[(i + 1) % g.members.size()]);
+  return {links.begin(), links.end()};
+}
+
 void validate_plan(const plan& p, const job_config& job,
                    const std::string& origin) {
   std::set<chip_id> used;

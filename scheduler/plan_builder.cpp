@@ -15,6 +15,12 @@ std::vector<int> even_split(int layers, int stages) {
 
 plan make_plan(const job_config& job) {
   const auto& pc = job.plan;
+  if (pc.mode == plan_mode::automatic)
+    throw config_error("plan.mode",
+                       "\"auto\" plans are made by HeteroAuto "
+                       "(scheduler::plan_auto, apps::plan_job), not by "
+                       "make_plan; or run h2-plan JOB --json > plan.json "
+                       "and h2-launch JOB --plan plan.json");
   const int stages = static_cast<int>(pc.stages.size());
   std::vector<int> counts = pc.mode == plan_mode::manual
                               ? pc.layers
@@ -37,6 +43,22 @@ plan make_plan(const job_config& job) {
   p.replicas.push_back(std::move(r));
   validate_plan(p, job, "plan");
   return p;
+}
+
+plan even_plan(const job_config& job, const std::vector<chip_id>& chips) {
+  if (chips.empty())
+    throw config_error("plan.stages", "no chips for an even plan");
+  if (static_cast<int>(chips.size()) > job.model.num_layers())
+    throw config_error("plan.stages",
+                       std::to_string(chips.size()) +
+                         " chips for an even plan but the model has only " +
+                         std::to_string(job.model.num_layers()) + " layers");
+  job_config even = job;
+  even.plan.mode = plan_mode::even;
+  even.plan.stages = chips;
+  even.plan.layers.clear();
+  even.plan.recompute.assign(chips.size(), false);
+  return make_plan(even);
 }
 
 } // namespace h2::scheduler

@@ -4,11 +4,8 @@
 #include "h2/transport/tcp/channel.hpp"
 
 #include <h2/config.hpp>
-#if H2_HAS_RDMA && __has_include("h2/transport/rdma/channel.hpp")
-#define H2_RDMA_BACKEND 1
+#if H2_HAS_RDMA
 #include "h2/transport/rdma/channel.hpp"
-#else
-#define H2_RDMA_BACKEND 0
 #endif
 
 #include <algorithm>
@@ -29,7 +26,7 @@ std::string this_host_id() {
 
 std::vector<std::string> available_backends() {
   std::vector<std::string> out{"shm"};
-#if H2_RDMA_BACKEND
+#if H2_HAS_RDMA
   out.push_back("rdma");
 #endif
   out.push_back("tcp");
@@ -44,7 +41,7 @@ std::unique_ptr<backend> make(const std::string& name,
     return shm::make_backend(options);
   if (name == "tcp")
     return tcp::make_backend(options);
-#if H2_RDMA_BACKEND
+#if H2_HAS_RDMA
   if (name == "rdma")
     return rdma::make_backend(options);
 #endif

@@ -302,10 +302,9 @@ TEST_F(apps_plan, plan_file_is_honoured) {
     check_step_event(step_events[i], i, stage_of);
 }
 
-TEST_F(apps_plan, two_replicas_train_or_are_refused) {
+TEST_F(apps_plan, two_heterogeneous_replicas_train) {
   // Data parallelism over two heterogeneous pipelines (DESIGN.md: replicas
-  // may differ). validate_plan accepts this plan; h2-launch must then train
-  // it, or refuse it as bad input -- never crash or hang.
+  // may differ in chips and micro-batch counts).
   auto job = dir_.write("job.toml", small_job);
   auto plan = dir_.write("plan.json", R"({
   "format": "h2-plan", "version": 1, "schedule": "1f1b",
@@ -327,17 +326,46 @@ TEST_F(apps_plan, two_replicas_train_or_are_refused) {
        "stdout:\n"
     << r.out << "stderr:\n"
     << r.err;
-  ASSERT_TRUE(r.status.exited) << r.status.describe() << "\n" << r.err;
-  if (r.status.code == 0) {
-    EXPECT_EQ(step_lines(r.out).size(), 3u) << r.out;
-    EXPECT_NE(r.out.find("h2: replica 1: 4 micro-batches of 1 sequences"),
-              std::string::npos)
-      << r.out;
-  } else {
-    EXPECT_EQ(r.status.code, 2) << r.err;
-    expect_one_line(r.err);
-    EXPECT_NE(r.err.find("replicas"), std::string::npos) << r.err;
-  }
+  ASSERT_TRUE(r.status.exited && r.status.code == 0)
+    << r.status.describe() << "\n"
+    << r.err;
+  EXPECT_EQ(step_lines(r.out).size(), 3u) << r.out;
+  EXPECT_NE(r.out.find("h2: replica 1: 4 micro-batches of 1 sequences"),
+            std::string::npos)
+    << r.out;
+}
+
+} // namespace
+} // namespace h2::test
+
+namespace h2::test {
+namespace {
+
+TEST(apps_auto, auto_plan_is_trained_and_measured_against_its_prediction) {
+  scratch_dir dir;
+  std::string job =
+    read_text(std::string(H2_SOURCE_DIR) + "/examples/demo.toml");
+  job = replaced(job, "clock = \"wall\"", "clock = \"virtual\"");
+  job = replaced(job, "mode = \"even\"", "mode = \"auto\"");
+  auto path = dir.write("auto.toml", job);
+  auto r = run_to_end(launch_binary,
+                      {path.string(), "--steps", "2", "--no-metrics",
+                       "--json-log", (dir / "log.jsonl").string()},
+                      dir, run_timeout);
+  ASSERT_TRUE(r.status.exited && r.status.code == 0)
+    << r.status.describe() << "\n"
+    << r.err;
+  EXPECT_NE(r.out.find("h2: HeteroAuto: predicted step"), std::string::npos)
+    << r.out;
+  EXPECT_NE(r.out.find("binding stage"), std::string::npos) << r.out;
+  // The virtual clock runs exactly what the simulator predicts.
+  auto summary = events(json_log(read_text(dir / "log.jsonl")), "summary");
+  ASSERT_EQ(summary.size(), 1u);
+  double predicted = summary[0].at("predicted_step_seconds").get<double>();
+  double measured = summary[0].at("mean_step_seconds").get<double>();
+  EXPECT_NEAR(measured / predicted, 1.0, 0.1);
+  EXPECT_NE(r.out.find("against HeteroAuto's predicted"), std::string::npos)
+    << r.out;
 }
 
 } // namespace

@@ -45,7 +45,13 @@ message bytes_message(std::uint64_t tag, const std::string& text) {
   return m;
 }
 
-class transport_fault : public ::testing::TestWithParam<std::string> {};
+class transport_fault : public ::testing::TestWithParam<std::string> {
+protected:
+  void SetUp() override {
+    if (auto why = test::unavailable(GetParam()); !why.empty())
+      GTEST_SKIP() << why;
+  }
+};
 
 TEST_P(transport_fault, wrong_secret_is_refused_on_both_sides) {
   endpoint a(test::options_for(0, GetParam()));
@@ -95,12 +101,17 @@ TEST_P(transport_fault, concurrent_channels_stay_apart) {
 pid_t spawn_peer(const endpoint& a, const std::string& backend,
                  std::uint64_t id) {
   const auto& addr = a.address();
-  std::vector<std::string> args = {H2_TRANSPORT_PEER, backend, addr.host_id,
-                                   addr.tcp_host.empty() ? "-" : addr.tcp_host,
-                                   std::to_string(addr.tcp_port),
-                                   addr.shm_socket.empty() ? "-"
-                                                           : addr.shm_socket,
-                                   "conformance-secret", std::to_string(id)};
+  std::vector<std::string> args = {
+    H2_TRANSPORT_PEER,
+    backend,
+    addr.host_id,
+    addr.tcp_host.empty() ? "-" : addr.tcp_host,
+    std::to_string(addr.tcp_port),
+    addr.shm_socket.empty() ? "-" : addr.shm_socket,
+    "conformance-secret",
+    std::to_string(id),
+    addr.rdma_device.empty() ? "-" : addr.rdma_device,
+    std::to_string(addr.rdma_port)};
   std::vector<char*> argv;
   for (auto& s : args)
     argv.push_back(s.data());
@@ -155,8 +166,15 @@ TEST_P(transport_fault, stopped_peer_times_out) {
   ::waitpid(pid, nullptr, 0);
 }
 
+const std::string fault_backends[] = {
+  "shm", "tcp",
+#if H2_HAS_RDMA
+  "rdma", // skipped in SetUp, with the reason, where no device exists
+#endif
+};
+
 INSTANTIATE_TEST_SUITE_P(transport, transport_fault,
-                         ::testing::Values("shm", "tcp"),
+                         ::testing::ValuesIn(fault_backends),
                          [](const auto& info) { return info.param; });
 
 // -- frames that are not what they claim ----------------------------------------

@@ -6,6 +6,11 @@
 #include "h2/transport/endpoint.hpp"
 #include "h2/transport/inproc/channel.hpp"
 
+#include <h2/config.hpp>
+#if H2_HAS_RDMA
+#include "h2/transport/rdma/channel.hpp"
+#endif
+
 #include <future>
 #include <memory>
 #include <string>
@@ -43,7 +48,28 @@ inline channel_pair connect(endpoint& a, endpoint& b,
   return {std::move(dialed), accepted.get()};
 }
 
-/// A pair over `backend` ("inproc", "shm", "tcp").
+/// Why `backend` cannot run on this machine ("" when it can): what a test
+/// GTEST_SKIP()s with. Only rdma needs hardware.
+inline std::string unavailable(const std::string& backend) {
+#if H2_HAS_RDMA
+  if (backend == "rdma") {
+    auto probe = rdma::probe_devices();
+    if (probe.devices.empty())
+      return "no RDMA device: " + probe.why_none;
+    // A device, but rdma_cm may not reach it through loopback (RoCE needs
+    // an address on the device's own interface).
+    auto o = options_for(0, "rdma");
+    endpoint e(o);
+    if (e.address().rdma_device.empty())
+      return "RDMA device " + probe.devices.front() +
+             " found, but the rdma backend cannot listen on " + o.bind_host;
+  }
+#endif
+  (void)backend;
+  return "";
+}
+
+/// A pair over `backend` ("inproc", "shm", "tcp", "rdma").
 inline channel_pair make_pair_over(const std::string& backend) {
   if (backend == "inproc")
     return inproc::make_pair();

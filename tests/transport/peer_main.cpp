@@ -3,6 +3,7 @@
 // echoes every message of tag 1 back as tag 2 until its channel fails.
 //
 //   h2-transport-peer BACKEND HOST_ID TCP_HOST TCP_PORT SHM_SOCKET SECRET ID
+//                     [RDMA_DEVICE RDMA_PORT]
 #include "h2/transport/endpoint.hpp"
 
 #include <cstdio>
@@ -11,9 +12,10 @@
 using namespace h2::transport;
 
 int main(int argc, char** argv) {
-  if (argc != 8) {
+  if (argc != 8 && argc != 10) {
     std::fprintf(stderr, "usage: h2-transport-peer BACKEND HOST_ID TCP_HOST "
-                         "TCP_PORT SHM_SOCKET SECRET CHANNEL\n");
+                         "TCP_PORT SHM_SOCKET SECRET CHANNEL "
+                         "[RDMA_DEVICE RDMA_PORT]\n");
     return 2;
   }
   std::string backend = argv[1];
@@ -23,6 +25,10 @@ int main(int argc, char** argv) {
   node0.tcp_host = argv[3];
   node0.tcp_port = static_cast<std::uint16_t>(std::stoi(argv[4]));
   node0.shm_socket = argv[5];
+  if (argc == 10) {
+    node0.rdma_device = argv[8];
+    node0.rdma_port = static_cast<std::uint16_t>(std::stoi(argv[9]));
+  }
   endpoint_options o;
   o.node_rank = 1;
   o.secret = std::make_shared<const job_secret>(argv[6]);

@@ -1,5 +1,6 @@
 #include "h2/transport/shm/channel.hpp"
 
+#include "h2/transport/ring.hpp"
 #include "h2/transport/socket_link.hpp"
 #include "h2/transport/spin.hpp"
 
@@ -97,13 +98,13 @@ public:
             throw transport_error(transport_errc::peer_closed,
                                   "shm peer " + peer() +
                                     " closed the channel");
-          free_bytes = capacity_ - (head - out_->tail.load(
-                                             std::memory_order_acquire));
+          free_bytes = ring::free_space(
+            head, out_->tail.load(std::memory_order_acquire), capacity_);
           return free_bytes > 0;
         },
              out_->space_seq, out_->writer_waiting, std::nullopt);
         std::size_t n = std::min<std::uint64_t>(free_bytes, left);
-        copy_in(head, p, n);
+        ring::copy_in(out_data_, capacity_, head, p, n);
         out_->head.store(head + n, std::memory_order_seq_cst);
         if (out_->reader_waiting.load(std::memory_order_seq_cst) != 0) {
           out_->data_seq.fetch_add(1, std::memory_order_seq_cst);
@@ -123,7 +124,8 @@ public:
       std::uint64_t tail = in_->tail.load(std::memory_order_relaxed);
       std::uint64_t available = 0;
       wait([&] {
-        available = in_->head.load(std::memory_order_acquire) - tail;
+        available =
+          ring::used(in_->head.load(std::memory_order_acquire), tail);
         if (available == 0 &&
             in_->writer_closed.load(std::memory_order_acquire) != 0) {
           if (p != start)
@@ -137,7 +139,7 @@ public:
       },
            in_->data_seq, in_->reader_waiting, until);
       std::size_t n = std::min<std::uint64_t>(available, size);
-      copy_out(tail, p, n);
+      ring::copy_out(in_data_, capacity_, tail, p, n);
       in_->tail.store(tail + n, std::memory_order_seq_cst);
       if (in_->writer_waiting.load(std::memory_order_seq_cst) != 0) {
         in_->space_seq.fetch_add(1, std::memory_order_seq_cst);
@@ -205,20 +207,6 @@ private:
     if (shut_.load(std::memory_order_relaxed))
       throw transport_error(transport_errc::cancelled,
                             "shm link was closed");
-  }
-
-  void copy_in(std::uint64_t pos, const char* src, std::size_t n) {
-    std::size_t at = pos % capacity_;
-    std::size_t first = std::min<std::size_t>(n, capacity_ - at);
-    std::memcpy(out_data_ + at, src, first);
-    std::memcpy(out_data_, src + first, n - first);
-  }
-
-  void copy_out(std::uint64_t pos, char* dst, std::size_t n) {
-    std::size_t at = pos % capacity_;
-    std::size_t first = std::min<std::size_t>(n, capacity_ - at);
-    std::memcpy(dst, in_data_ + at, first);
-    std::memcpy(dst + first, in_data_, n - first);
   }
 
   void* map_;

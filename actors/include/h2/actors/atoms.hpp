@@ -12,4 +12,16 @@ using eval_atom = caf::atom_constant<caf::atom("eval")>;
 using train_atom = caf::atom_constant<caf::atom("train")>;
 using params_atom = caf::atom_constant<caf::atom("params")>;
 
+// The cluster: joining, assignments, liveness, the end of a job.
+using hello_atom = caf::atom_constant<caf::atom("hello")>;
+using join_atom = caf::atom_constant<caf::atom("join")>;
+using assign_atom = caf::atom_constant<caf::atom("assign")>;
+using finish_atom = caf::atom_constant<caf::atom("finish")>;
+using abort_atom = caf::atom_constant<caf::atom("abort")>;
+using heartbeat_atom = caf::atom_constant<caf::atom("heartbeat")>;
+using stop_atom = caf::atom_constant<caf::atom("stop")>;
+using check_atom = caf::atom_constant<caf::atom("check")>;
+using done_atom = caf::atom_constant<caf::atom("done")>;
+using summary_atom = caf::atom_constant<caf::atom("summary")>;
+
 } // namespace h2::actors

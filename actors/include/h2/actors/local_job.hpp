@@ -12,6 +12,7 @@
 #include <caf/actor_system_config.hpp>
 
 #include <atomic>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <vector>
@@ -52,6 +53,10 @@ public:
     return parameters_;
   }
 
+  /// The parameters of one chip at the end of the last run (collected with
+  /// the others); empty for chips outside the plan.
+  std::vector<parameter_values> parameters_of(const chip_id& chip) const;
+
   /// Fails the step in flight at once: cancels every chip's waits and op
   /// loop and closes every channel. A run aborted before it starts fails at
   /// once. Thread-safe; may be called from a signal watcher.
@@ -64,6 +69,7 @@ private:
   std::mutex mutex_;
   std::vector<std::shared_ptr<transport::channel>> channels_;
   std::vector<parameter_values> parameters_;
+  std::map<chip_id, std::vector<parameter_values>> chip_parameters_;
 };
 
 } // namespace h2::actors

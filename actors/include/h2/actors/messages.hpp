@@ -25,6 +25,7 @@ namespace h2::actors {
 enum class extra_op : std::uint8_t {
   optimizer = 100, ///< the AdamW update of the stage
   eval_forward = 101,
+  allreduce = 102, ///< summing gradients with the other replicas
 };
 
 /// One timed op of a chip, for traces. Times are seconds in the run's clock

@@ -14,10 +14,29 @@
 #include "h2/scheduler/schedule.hpp"
 #include "h2/transport/channel.hpp"
 
+#include <map>
 #include <memory>
 #include <optional>
 
 namespace h2::actors {
+
+/// A chip this one exchanges tensors with, and the channel to it.
+struct peer_link {
+  std::shared_ptr<transport::channel> channel;
+  chip_profile profile; ///< for link times
+};
+
+/// This chip's part in summing a layer group's gradients across replicas
+/// (core/plan.hpp, reduction_group).
+struct reduction_assignment {
+  int group = 0;       ///< index of the group in reduction_groups(plan)
+  int first_layer = 0; ///< the group's layers held here, [first, end)
+  int end_layer = 0;
+  int rank = 0;        ///< this chip's place in the ring (its replica)
+  int size = 1;        ///< members of the ring (replicas)
+  chip_id next;        ///< ring neighbours
+  chip_id prev;
+};
 
 /// Everything a chip needs to run its part of the plan.
 struct worker_setup {
@@ -32,16 +51,30 @@ struct worker_setup {
   /// Index of this replica's first sequence within the global batch.
   int first_sequence = 0;
   schedule_kind schedule = schedule_kind::one_f_one_b;
-  /// Channels to the previous and next stage (null at the pipeline's ends),
-  /// the chips behind them and their profiles (for link times).
-  std::shared_ptr<transport::channel> prev, next;
-  chip_id prev_chip, next_chip;
-  chip_profile prev_profile, next_profile;
+  /// The previous and next stage's chips (none at the pipeline's ends).
+  std::optional<chip_id> prev, next;
+  /// Every chip this one exchanges tensors with: pipeline and ring
+  /// neighbours.
+  std::map<chip_id, peer_link> peers;
+  /// Gradient reductions across replicas (none with one replica).
+  std::vector<reduction_assignment> reductions;
   /// Wall time that counts as 0 on every chip's clock.
   devices::chip_clock::wall_clock::time_point origin;
   /// Cancelled when the job aborts: waits end, the op loop stops.
   std::shared_ptr<const cancellation> cancel;
+
+  /// Closes every channel: waiting neighbours fail with peer_closed.
+  void close_channels() const noexcept;
 };
+
+/// The setups of every chip of `p`, in plan order (replica by replica,
+/// stage by stage), with their peers listed but no channels attached yet
+/// (each peer_link's channel is null: the caller connects them).
+std::vector<worker_setup>
+make_worker_setups(const std::shared_ptr<const job_config>& job,
+                   const plan& p,
+                   devices::chip_clock::wall_clock::time_point origin,
+                   const std::shared_ptr<const cancellation>& cancel);
 
 class stage_worker {
 public:
@@ -80,9 +113,12 @@ private:
   memory_report memory_now() const;
   clock_pair clocks() const;
   double layer_seconds(devices::pass p) const;
-  at::Tensor receive(transport::channel& ch, const chip_profile& peer,
-                     std::uint64_t tag, op_context& ctx, int micro_batch);
-  void send(transport::channel& ch, std::uint64_t tag, const at::Tensor& t);
+  at::Tensor receive(const chip_id& peer, std::uint64_t tag, op_context& ctx,
+                     int micro_batch);
+  void send(const chip_id& peer, std::uint64_t tag, const at::Tensor& t);
+  /// Sums this chip's gradients with its replicas' (ring all-reduce, bucket
+  /// by bucket).
+  void reduce_gradients(std::int64_t step, op_context& ctx);
   template <class F>
   auto guarded(F&& f) -> decltype(f());
 

@@ -58,6 +58,28 @@ struct step_summary {
   std::vector<traced_op> ops;
 };
 
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, chip_step_stats& x) {
+  return f(caf::meta::type_name("chip_step_stats"), x.chip, x.replica,
+           x.stage, x.forward_seconds, x.backward_seconds,
+           x.optimizer_seconds, x.idle_seconds, x.memory, x.traffic,
+           x.overruns, x.overrun_seconds);
+}
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, traced_op& x) {
+  return f(caf::meta::type_name("traced_op"), x.chip, x.op);
+}
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, step_summary& x) {
+  return f(caf::meta::type_name("step_summary"), x.step, x.loss, x.lr,
+           x.grad_norm, x.clip_coefficient, x.step_seconds,
+           x.virtual_step_seconds, x.wall_step_seconds, x.pipeline_seconds,
+           x.bubble_fraction, x.tokens_per_second, x.virtual_end,
+           x.wall_start, x.wall_end, x.chips, x.ops);
+}
+
 /// Combines the chips' reports of one step. `steps` and `updates` hold one
 /// entry per chip (any order).
 step_summary summarize_step(int step, clock_mode clock, std::int64_t tokens,
@@ -68,7 +90,8 @@ step_summary summarize_step(int step, clock_mode clock, std::int64_t tokens,
 
 /// The global gradient norm from every stage's per-layer squared norms,
 /// summed in global layer order, so every partition gets the same bits.
-/// One replica: with several, the norm of the reduced gradient is needed.
+/// Replicas hold the same gradients after their all-reduce: replica 0's
+/// stages are used.
 double grad_norm_of(const std::vector<chip_step_report>& steps);
 
 /// The virtual time at which every chip has finished its backward phase:

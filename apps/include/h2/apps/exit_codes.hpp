@@ -10,6 +10,9 @@ constexpr int exit_ok = 0;
 constexpr int exit_failed = 1;
 /// Bad input: job file, plan file or command line. Nothing was started.
 constexpr int exit_bad_input = 2;
+/// Another node of the job died or stalled (h2-node), or could not be
+/// reached; this node stopped because of it.
+constexpr int exit_peer_failed = 3;
 /// Stopped by a signal: 128 + the signal's number (130 for SIGINT, 143 for
 /// SIGTERM), after a clean stop at a step boundary or an abort.
 constexpr int exit_signal_base = 128;

@@ -12,6 +12,7 @@
 #include <fstream>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 
 namespace h2::apps {
@@ -22,6 +23,9 @@ struct reporter_options {
   std::string json_log;    ///< "" for none
   std::string trace;       ///< "" for none
   std::FILE* out = stdout; ///< where progress and the summary go
+  /// HeteroAuto's predicted step time (plan.mode = "auto"): exported as
+  /// h2_predicted_step_seconds and set beside the measured one at the end.
+  std::optional<double> predicted_step_seconds;
 };
 
 class reporter final : public actors::training_observer {

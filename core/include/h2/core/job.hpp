@@ -6,6 +6,7 @@
 #include "h2/core/chip_id.hpp"
 #include "h2/core/model_config.hpp"
 #include "h2/core/profile.hpp"
+#include "h2/core/topology.hpp"
 
 #include <cstdint>
 #include <optional>
@@ -96,14 +97,17 @@ struct emulation_config {
   std::optional<double> link_latency_seconds;
 };
 
-enum class plan_mode { even, manual };
+/// even: layers spread evenly; manual: as written; automatic ("auto"): the
+/// HeteroAuto planner (scheduler/planner.hpp) decides stages, layers,
+/// micro-batching, replicas and recomputation.
+enum class plan_mode { even, manual, automatic };
 std::string_view to_string(plan_mode m) noexcept;
 
 struct plan_config {
   plan_mode mode = plan_mode::even;
   schedule_kind schedule = schedule_kind::one_f_one_b;
   /// The chip of each stage, in pipeline order (default: every chip, in
-  /// chip-id order).
+  /// chip-id order). With mode automatic: the chips the planner may use.
   std::vector<chip_id> stages;
   /// Layers per stage (manual), summing to model.num_layers().
   std::vector<int> layers;
@@ -119,6 +123,24 @@ struct metrics_config {
 struct transport_config {
   /// Longest wait for a peer's frame before a timeout error, seconds.
   double timeout_seconds = 60;
+  /// "auto" (the first of shm, rdma, tcp that can connect two nodes) or a
+  /// backend every pair of nodes must use. The H2_TRANSPORT environment
+  /// variable overrides it.
+  std::string backend = "auto";
+  /// CRC32C of every payload (the header always has one).
+  bool crc = false;
+  /// Bytes of each direction of a shared-memory channel.
+  std::uint64_t shm_ring_bytes = std::uint64_t{16} << 20;
+  /// Gradients are all-reduced across replicas in buckets of this size.
+  std::uint64_t bucket_bytes = std::uint64_t{25} << 20;
+  /// What gradients cross the wire as in the all-reduce: fp32 or bf16.
+  dtype reduce_dtype = dtype::fp32;
+};
+
+struct security_config {
+  /// The job's secret (a token file every node reads); required when the
+  /// job runs in several processes.
+  std::string secret_file;
 };
 
 /// A validated job.
@@ -134,7 +156,9 @@ struct job_config {
   plan_config plan;
   metrics_config metrics;
   transport_config transport;
-  catalog profiles; ///< built-in profiles plus the job's [profiles.*]
+  security_config security;
+  topology_config topology; ///< [topology]: link tiers (core/topology.hpp)
+  catalog profiles;         ///< built-in profiles plus the job's [profiles.*]
 
   /// Every chip in chip-id order.
   std::vector<const chip_spec*> chips() const;

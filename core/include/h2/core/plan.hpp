@@ -45,6 +45,34 @@ struct plan {
   int global_batch() const noexcept;
 };
 
+/// Layers whose gradients are summed across replicas together: a maximal
+/// run of layers held by the same chip in every replica.
+struct reduction_group {
+  int first_layer = 0; ///< inclusive
+  int end_layer = 0;   ///< exclusive
+  /// The chip holding these layers in each replica, in replica order (the
+  /// ring of the all-reduce).
+  std::vector<chip_id> members;
+
+  bool operator==(const reduction_group&) const = default;
+};
+
+/// The reduction groups of a plan (empty with one replica). Replicas may
+/// split the model differently: groups follow every replica's boundaries.
+std::vector<reduction_group> reduction_groups(const plan& p);
+
+/// Two chips that exchange tensors: neighbouring stages, or ring
+/// neighbours of a reduction group. `a` < `b`; one channel serves both.
+struct chip_link {
+  chip_id a;
+  chip_id b;
+
+  auto operator<=>(const chip_link&) const = default;
+};
+
+/// Every pair of chips of `p` that needs a channel, sorted.
+std::vector<chip_link> plan_links(const plan& p);
+
 /// The JSON form: {"format": "h2-plan", "version": 1, "schedule": "1f1b",
 /// "replicas": [{"micro_batch_size": 4, "micro_batches": 8, "stages":
 /// [{"chip": "0:0", "layers": [0, 3], "recompute": false}, ...]}]}.

@@ -1,0 +1,230 @@
+// h2-node: one node of a job that runs in several processes (launched by
+// h2-launch --nodes, srun, mpirun or by hand). Rank 0 hosts the
+// coordinator. docs/cli.md.
+#include "h2/actors/cluster.hpp"
+#include "h2/actors/errors.hpp"
+#include "h2/apps/exit_codes.hpp"
+#include "h2/apps/reporter.hpp"
+#include "h2/apps/session.hpp"
+#include "h2/apps/signals.hpp"
+#include "h2/transport/framed.hpp"
+
+#include <arpa/inet.h>
+#include <atomic>
+#include <cstdlib>
+#include <iostream>
+#include <netdb.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+namespace {
+
+using namespace h2;
+
+struct node_flags {
+  std::string job_path;
+  int rank = -1;
+  int world_size = -1;
+  std::string coordinator;
+  std::string bind;
+  std::string secret_file;
+  apps::run_flags run;
+};
+
+/// The first of `names` set in the environment, as an integer.
+std::optional<int> env_int(std::initializer_list<const char*> names,
+                           const char*& which) {
+  for (const char* n : names)
+    if (const char* v = std::getenv(n); v != nullptr && *v != '\0') {
+      which = n;
+      try {
+        return std::stoi(v);
+      } catch (const std::exception&) {
+        throw config_error(n, std::string("expected an integer, got \"") + v +
+                                "\"");
+      }
+    }
+  return std::nullopt;
+}
+
+/// The local address that routes to `host` (what peers should dial).
+std::string local_address_towards(const std::string& host) {
+  addrinfo hints{};
+  hints.ai_family = AF_INET;
+  hints.ai_socktype = SOCK_DGRAM;
+  addrinfo* res = nullptr;
+  if (::getaddrinfo(host.c_str(), "9", &hints, &res) != 0 || res == nullptr)
+    return "127.0.0.1";
+  std::string out = "127.0.0.1";
+  int fd = ::socket(AF_INET, SOCK_DGRAM, 0);
+  sockaddr_in local{};
+  socklen_t len = sizeof(local);
+  if (fd >= 0 && ::connect(fd, res->ai_addr, res->ai_addrlen) == 0 &&
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &len) == 0) {
+    char buf[INET_ADDRSTRLEN];
+    if (::inet_ntop(AF_INET, &local.sin_addr, buf, sizeof(buf)) != nullptr)
+      out = buf;
+  }
+  if (fd >= 0)
+    ::close(fd);
+  ::freeaddrinfo(res);
+  return out;
+}
+
+int run_node(node_flags& nf) {
+  auto job = apps::load_job(nf.job_path, nf.run);
+  const char* source = "--node-rank";
+  if (nf.rank < 0) {
+    auto r = env_int({"SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "RANK"}, source);
+    if (!r)
+      throw config_error("--node-rank",
+                         "missing: pass --node-rank or run under Slurm "
+                         "(SLURM_PROCID), Open MPI (OMPI_COMM_WORLD_RANK) or "
+                         "torchrun-style RANK");
+    nf.rank = *r;
+  }
+  const char* world_source = "--world-size";
+  if (nf.world_size < 0) {
+    auto w = env_int({"SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE", "WORLD_SIZE"},
+                     world_source);
+    nf.world_size = w.value_or(static_cast<int>(job->nodes.size()));
+  }
+  if (nf.world_size != static_cast<int>(job->nodes.size()))
+    throw config_error(world_source, std::to_string(nf.world_size) +
+                                       " processes but the job declares " +
+                                       std::to_string(job->nodes.size()) +
+                                       " [[nodes]]");
+  if (nf.rank < 0 || nf.rank >= nf.world_size)
+    throw config_error(source, "node rank " + std::to_string(nf.rank) +
+                                 " outside [0, " +
+                                 std::to_string(nf.world_size) + ")");
+  if (nf.coordinator.empty()) {
+    const char* addr = std::getenv("MASTER_ADDR");
+    const char* port = std::getenv("MASTER_PORT");
+    if (addr == nullptr || port == nullptr)
+      throw config_error("--coordinator",
+                         "missing: pass --coordinator HOST:PORT or set "
+                         "MASTER_ADDR and MASTER_PORT");
+    nf.coordinator = std::string(addr) + ":" + port;
+  }
+  auto colon = nf.coordinator.rfind(':');
+  int port = -1;
+  try {
+    if (colon != std::string::npos)
+      port = std::stoi(nf.coordinator.substr(colon + 1));
+  } catch (const std::exception&) {
+  }
+  if (colon == std::string::npos || colon == 0 || port < 0 || port > 65535)
+    throw config_error("--coordinator",
+                       "expected HOST:PORT, got \"" + nf.coordinator + "\"");
+  std::string secret_file =
+    !nf.secret_file.empty() ? nf.secret_file : job->security.secret_file;
+  if (secret_file.empty())
+    throw config_error("security.secret_file",
+                       "missing: nodes prove the job's secret to each other; "
+                       "set it in the job file or pass --secret-file");
+
+  actors::node_options o;
+  o.job = job;
+  o.job_digest = actors::cluster_node::digest(apps::job_text(nf.job_path));
+  o.rank = nf.rank;
+  o.world_size = nf.world_size;
+  o.coordinator_host = nf.coordinator.substr(0, colon);
+  o.coordinator_port = static_cast<std::uint16_t>(port);
+  o.bind_host =
+    !nf.bind.empty() ? nf.bind : local_address_towards(o.coordinator_host);
+  o.secret = std::make_shared<const transport::job_secret>(
+    transport::job_secret::from_file(secret_file));
+  // Rank 0 plans (HeteroAuto too); the coordinator sends every node its plan.
+  std::optional<double> predicted;
+  if (nf.rank == 0) {
+    auto chosen = apps::choose_plan(nf.run, *job);
+    o.plan_override = std::move(chosen.value);
+    predicted = chosen.predicted_step_seconds;
+  }
+  o.run = {job->train.steps, !nf.run.export_path.empty()};
+  o.on_listening = [&](std::uint16_t p) {
+    std::cout << "h2-node: coordinator at " << o.coordinator_host << ":" << p
+              << std::endl;
+  };
+
+  o.log = [](const std::string& line) {
+    std::cout << "h2: " << line << std::endl;
+  };
+
+  apps::metrics_service metrics(*job, nf.run, nf.rank, "h2-node");
+  apps::reporter_options ro;
+  ro.total_steps = job->train.steps;
+  ro.quiet = nf.run.quiet || nf.rank != 0;
+  if (nf.rank == 0) {
+    ro.json_log = nf.run.json_log;
+    ro.trace = nf.run.trace;
+    ro.predicted_step_seconds = predicted;
+  }
+  apps::reporter reporter(*job, ro, metrics.registry());
+  o.observer = &reporter;
+
+  // A second signal aborts the node; the watcher may fire before the node
+  // exists.
+  std::atomic<actors::cluster_node*> running{nullptr};
+  apps::signal_watcher signals([&running] {
+    if (auto* n = running.load())
+      n->abort();
+  });
+  o.stop = signals.stop_flag();
+  actors::cluster_node node(o);
+  running.store(&node);
+  actors::node_outcome outcome;
+  try {
+    outcome = node.run();
+  } catch (const actors::run_error& e) {
+    if (signals.stop_flag()->load() >= 2) {
+      std::cerr << "h2-node " << nf.rank << ": aborted by signal "
+                << signals.signal() << std::endl;
+      return apps::exit_signal_base + signals.signal();
+    }
+    throw;
+  }
+  if (nf.rank == 0) {
+    reporter.finish(outcome.summary);
+    if (!nf.run.export_path.empty()) {
+      apps::write_safetensors(nf.run.export_path, outcome.parameters,
+                              job->name);
+      std::cout << "h2: parameters written to " << nf.run.export_path
+                << std::endl;
+    }
+    if (outcome.summary.stopped_early)
+      return apps::exit_signal_base + signals.signal();
+  }
+  return apps::exit_ok;
+}
+
+} // namespace
+
+int main(int argc, char** argv) {
+  apps::block_stop_signals();
+  node_flags nf;
+  CLI::App cli{"One node of a job that runs in several processes (rank 0 "
+               "hosts the coordinator). Rank and world size may come from "
+               "Slurm, Open MPI or torchrun-style environments."};
+  cli.add_option("--job", nf.job_path, "Job file (TOML)")
+    ->required()
+    ->check(CLI::ExistingFile);
+  cli.add_option("--node-rank", nf.rank, "This node's rank")
+    ->check(CLI::Range(0, 1 << 20));
+  cli
+    .add_option("--world-size", nf.world_size,
+                "Number of nodes (default: the job's [[nodes]])")
+    ->check(CLI::Range(1, 1 << 20));
+  cli.add_option("--coordinator", nf.coordinator,
+                 "HOST:PORT of the coordinator (rank 0 listens there; port 0 "
+                 "picks one and prints it)");
+  cli.add_option("--bind", nf.bind,
+                 "Address this node's channels listen on (default: the "
+                 "local address that routes to the coordinator)");
+  cli.add_option("--secret-file", nf.secret_file,
+                 "The job's secret (default: security.secret_file)");
+  apps::add_run_flags(cli, nf.run);
+  return apps::parse_and_run(cli, argc, argv, "h2-node",
+                             [&] { return run_node(nf); });
+}

@@ -1,0 +1,87 @@
+// What h2-launch and h2-node share around a training run: the common flags,
+// loading the job and the plan, the metrics endpoint, exporting the model.
+#pragma once
+
+#include "h2/actors/messages.hpp"
+#include "h2/core/job.hpp"
+#include "h2/core/plan.hpp"
+#include "h2/metrics/http_server.hpp"
+#include "h2/metrics/registry.hpp"
+
+#include <CLI/CLI.hpp>
+
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace h2::apps {
+
+/// Flags of every binary that trains.
+struct run_flags {
+  int steps = 0; ///< 0: train.steps
+  std::string json_log;
+  std::string trace;
+  std::string plan_path;
+  std::string export_path;
+  int metrics_port = -1; ///< -1: metrics.port of the job
+  bool no_metrics = false;
+  bool quiet = false;
+};
+
+/// Adds --steps, --json-log, --trace, --plan, --export, --metrics-port,
+/// --no-metrics and --quiet to `cli`.
+void add_run_flags(CLI::App& cli, run_flags& flags);
+
+/// Parses `argv` into `cli` (a parse error is a config_error: one line,
+/// exit 2) and runs `body` under run_app.
+int parse_and_run(CLI::App& cli, int argc, char** argv,
+                  const std::string& program, const std::function<int()>& body);
+
+/// The job (the built-in demo when `path` is empty), with --steps applied.
+/// Throws config_error.
+std::shared_ptr<job_config> load_job(const std::string& path,
+                                     const run_flags& flags);
+
+/// The job file's text (the built-in demo's when `path` is empty).
+std::string job_text(const std::string& path);
+
+/// The plan a run trains, and HeteroAuto's prediction when it made it.
+struct chosen_plan {
+  plan value;
+  std::optional<double> predicted_step_seconds;
+};
+
+/// --plan's plan (validated against `job`), else the job's [plan]: for
+/// plan.mode = "auto" HeteroAuto profiles the chips, plans, and prints its
+/// prediction and why the plan won. Throws config_error (an infeasible job
+/// names what does not fit where and one change that does).
+chosen_plan choose_plan(const run_flags& flags, const job_config& job);
+
+/// The Prometheus endpoint of a run, when the flags or the job ask for one:
+/// on metrics.port (or --metrics-port) + `port_offset` (0 stays 0: any free
+/// port). Prints where it serves.
+class metrics_service {
+public:
+  /// Throws config_error when the port is taken.
+  metrics_service(const job_config& job, const run_flags& flags,
+                  int port_offset, const std::string& program);
+
+  /// The registry to fill, or nullptr when no metrics are served.
+  metrics::registry* registry() noexcept {
+    return server_ ? &registry_ : nullptr;
+  }
+
+private:
+  metrics::registry registry_;
+  std::unique_ptr<metrics::http_server> server_;
+};
+
+/// Writes parameters as a safetensors file (a JSON header of names, dtypes,
+/// shapes and offsets, then the raw little-endian data). Throws h2::error.
+void write_safetensors(const std::string& path,
+                       const std::vector<actors::parameter_values>& params,
+                       const std::string& job_name);
+
+} // namespace h2::apps

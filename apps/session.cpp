@@ -1,0 +1,152 @@
+#include "h2/apps/session.hpp"
+
+#include "h2/apps/app.hpp"
+#include "h2/apps/auto_plan.hpp"
+#include "h2/core/error.hpp"
+#include "h2/scheduler/plan_builder.hpp"
+
+#include <nlohmann/json.hpp>
+
+#include <cstring>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+
+namespace h2::apps {
+
+void add_run_flags(CLI::App& cli, run_flags& f) {
+  cli.add_option("--steps", f.steps, "Steps to train (default: train.steps)")
+    ->check(CLI::Range(1, 1 << 30));
+  cli.add_option("--json-log", f.json_log,
+                 "Write one JSON object per step (and eval) to FILE");
+  cli.add_option("--trace", f.trace,
+                 "Write the run's per-chip timeline as a Chrome/Perfetto "
+                 "trace to FILE");
+  cli.add_option("--plan", f.plan_path,
+                 "Use this plan (JSON, as h2-plan --json prints) instead of "
+                 "the job's [plan]");
+  cli.add_option("--export", f.export_path,
+                 "Write the trained parameters to FILE (safetensors)");
+  cli
+    .add_option("--metrics-port", f.metrics_port,
+                "Serve /metrics on this port (0: any free port; default: "
+                "metrics.port of the job)")
+    ->check(CLI::Range(0, 65535));
+  cli.add_flag("--no-metrics", f.no_metrics, "Serve no metrics");
+  cli.add_flag("-q,--quiet", f.quiet, "No per-step progress lines");
+}
+
+int parse_and_run(CLI::App& cli, int argc, char** argv,
+                  const std::string& program,
+                  const std::function<int()>& body) {
+  return run_app(program, [&] {
+    try {
+      cli.parse(argc, argv);
+    } catch (const CLI::ParseError& e) {
+      if (e.get_exit_code() == 0) // --help
+        return cli.exit(e);
+      // One line like every other bad input (CLI11's own report adds a
+      // second line, "Run with --help ...").
+      throw config_error("", std::string(e.what()) + " (see --help)");
+    }
+    return body();
+  });
+}
+
+namespace {
+
+std::string read_file(const std::string& path, const std::string& what) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in)
+    throw config_error("", path + ": cannot open " + what);
+  std::ostringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+} // namespace
+
+std::string job_text(const std::string& path) {
+  return path.empty() ? std::string(demo_job_toml())
+                      : read_file(path, "job file");
+}
+
+std::shared_ptr<job_config> load_job(const std::string& path,
+                                     const run_flags& flags) {
+  auto job = std::make_shared<job_config>(
+    parse_job(job_text(path), path.empty() ? "built-in demo.toml" : path));
+  if (flags.steps > 0)
+    job->train.steps = flags.steps;
+  return job;
+}
+
+chosen_plan choose_plan(const run_flags& flags, const job_config& job) {
+  if (!flags.plan_path.empty()) {
+    plan p =
+      plan_from_json(read_file(flags.plan_path, "plan file"), flags.plan_path);
+    validate_plan(p, job, flags.plan_path);
+    return {std::move(p), std::nullopt};
+  }
+  if (job.plan.mode != plan_mode::automatic)
+    return {scheduler::make_plan(job), std::nullopt};
+  std::cout << "h2: plan.mode = \"auto\": profiling the chips and planning"
+            << std::endl;
+  auto r = plan_job(job);
+  std::cout << "h2: HeteroAuto: " << r.report.summary() << std::endl;
+  std::istringstream why(r.report.explain());
+  for (std::string line; std::getline(why, line);)
+    std::cout << "h2:   " << line << std::endl;
+  return {std::move(r.value), r.report.step_seconds};
+}
+
+metrics_service::metrics_service(const job_config& job, const run_flags& flags,
+                                 int port_offset, const std::string& program) {
+  int port = flags.metrics_port >= 0 ? flags.metrics_port : job.metrics.port;
+  bool serve = !flags.no_metrics && (flags.metrics_port >= 0 || port > 0);
+  if (!serve)
+    return;
+  if (port > 0)
+    port += port_offset;
+  try {
+    server_ = std::make_unique<metrics::http_server>(
+      job.metrics.bind, static_cast<std::uint16_t>(port),
+      [this] { return registry_.expose(); });
+  } catch (const h2::error& e) {
+    throw config_error("metrics.port",
+                       std::string(e.what()) +
+                         " (choose another with --metrics-port, or "
+                         "--no-metrics)");
+  }
+  std::cout << program << ": metrics at http://" << job.metrics.bind << ":"
+            << server_->port() << "/metrics" << std::endl;
+}
+
+void write_safetensors(const std::string& path,
+                       const std::vector<actors::parameter_values>& params,
+                       const std::string& job_name) {
+  nlohmann::json header;
+  header["__metadata__"] = {
+    {"format", "pt"}, {"producer", "h2"}, {"job", job_name}};
+  std::uint64_t offset = 0;
+  for (const auto& p : params) {
+    std::uint64_t bytes = p.values.size() * sizeof(float);
+    header[p.name] = {{"dtype", "F32"},
+                      {"shape", p.shape},
+                      {"data_offsets", {offset, offset + bytes}}};
+    offset += bytes;
+  }
+  std::string text = header.dump();
+  // The data starts 8-byte aligned.
+  text.append((8 - text.size() % 8) % 8, ' ');
+  std::uint64_t length = text.size();
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out.write(reinterpret_cast<const char*>(&length), sizeof(length));
+  out.write(text.data(), static_cast<std::streamsize>(text.size()));
+  for (const auto& p : params)
+    out.write(reinterpret_cast<const char*>(p.values.data()),
+              static_cast<std::streamsize>(p.values.size() * sizeof(float)));
+  if (!out)
+    throw error("cannot write " + path);
+}
+
+} // namespace h2::apps

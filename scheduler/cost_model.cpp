@@ -1,0 +1,274 @@
+#include "h2/scheduler/cost_model.hpp"
+
+#include "h2/core/error.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+namespace h2::scheduler {
+
+namespace {
+
+/// Bytes of the causal mask a block keeps (bool [seq_len, seq_len]).
+double mask_bytes(const gpt_config& cfg) {
+  return static_cast<double>(cfg.seq_len) * cfg.seq_len;
+}
+
+} // namespace
+
+// The per-token counts below follow the tensors autograd saves in
+// model/layers.cpp, checked against the runtime's memory accounting
+// (docs/planner.md, "Memory"): in fp32 a block keeps LN1 output, qkv (3d),
+// softmax probabilities (h x T per token), attention output, the residual,
+// LN2 output, fc1 output and GELU output (2 x d_ff), its own output and the
+// LayerNorm statistics. Under bf16 autocast the matrix products' inputs and
+// outputs are bf16 copies, the residual stream stays fp32, and every weight
+// matrix is cast to a bf16 copy per forward that autograd keeps until the
+// micro-batch's backward.
+layer_memory layer_memory_of(const gpt_config& cfg, layer_kind kind,
+                             int micro_batch_size, dtype d) {
+  const double tokens = static_cast<double>(micro_batch_size) * cfg.seq_len;
+  const double dm = cfg.d_model, ff = cfg.d_ff, v = cfg.vocab_size,
+               h = cfg.n_head, t = cfg.seq_len;
+  const bool bf16 = d != dtype::fp32;
+  // A weight gradient computed while the previous one is accumulated; under
+  // autocast it first exists in the compute dtype, then in fp32.
+  const double grad_temp = bf16 ? 6.0 : 4.0;
+  layer_memory m;
+  // Layer parameters need the layer index, not just its kind; any index of
+  // the kind will do.
+  int index = kind == layer_kind::embedding ? 0
+              : kind == layer_kind::block   ? 1
+                                            : cfg.n_layer + 1;
+  m.parameters = layer_parameters(cfg, index);
+  m.static_bytes = 16.0 * static_cast<double>(m.parameters);
+  double largest = 0; // elements of the largest tensor
+  switch (kind) {
+    case layer_kind::embedding:
+      m.activation_bytes = tokens * 4 * dm;
+      m.working_bytes = 4 * v * dm + 4 * t * dm + tokens * 4 * dm;
+      largest = v * dm;
+      break;
+    case layer_kind::block: {
+      m.static_bytes += mask_bytes(cfg);
+      const double matrices = 4 * dm * dm + 2 * dm * ff;
+      m.activation_bytes =
+        bf16 ? tokens * (20 * dm + 4 * ff + 2 * h * t + 16) + 2 * matrices
+             : tokens * (32 * dm + 8 * ff + 4 * h * t + 16);
+      largest = std::max(3 * dm * dm, dm * ff);
+      m.working_bytes =
+        grad_temp * largest + tokens * (4 * (ff + 2 * dm) + 8 * h * t);
+      break;
+    }
+    case layer_kind::head:
+      m.activation_bytes = bf16 ? tokens * (2 * dm + 8 + 4 * v) + 2 * v * dm
+                                : tokens * (4 * dm + 8 + 4 * v);
+      largest = v * dm;
+      m.working_bytes = grad_temp * largest + tokens * 4 * (2 * v + 2 * dm);
+      break;
+  }
+  // AdamW: sqrt(v), its quotient and the update's temporaries, fp32.
+  m.optimizer_working_bytes = 16 * largest;
+  return m;
+}
+
+double boundary_bytes(const gpt_config& cfg, int micro_batch_size) {
+  return 4.0 * micro_batch_size * cfg.seq_len * cfg.d_model;
+}
+
+double batch_bytes(const gpt_config& cfg, int micro_batch_size) {
+  return 16.0 * micro_batch_size * cfg.seq_len;
+}
+
+std::vector<std::int64_t> parameter_tensors(const gpt_config& cfg,
+                                            layer_kind kind) {
+  const std::int64_t d = cfg.d_model, f = cfg.d_ff, v = cfg.vocab_size,
+                     t = cfg.seq_len;
+  switch (kind) {
+    case layer_kind::embedding:
+      return {v * d, t * d}; // wte, wpe
+    case layer_kind::block:
+      // ln1 (w, b), qkv (w, b), proj (w, b), ln2 (w, b), fc1 (w, b), fc2
+      // (w, b)
+      return {d, d, 3 * d * d, 3 * d, d * d, d, d, d, f * d, f, d * f, d};
+    case layer_kind::head:
+      return {d, d, v * d}; // ln_f (w, b), lm_head
+  }
+  return {};
+}
+
+stage_layers stage_layers::of(const gpt_config& cfg, int first_layer,
+                              int end_layer) {
+  H2_ENFORCE(0 <= first_layer && first_layer < end_layer &&
+               end_layer <= cfg.num_layers(),
+             "first=", first_layer, " end=", end_layer,
+             " layers=", cfg.num_layers());
+  stage_layers s;
+  s.embedding = first_layer == 0;
+  s.head = end_layer == cfg.num_layers();
+  s.blocks = end_layer - first_layer - (s.embedding ? 1 : 0) - (s.head ? 1 : 0);
+  return s;
+}
+
+double stage_cost::peak_bytes(int in_flight) const noexcept {
+  return static_bytes + std::max(held_bytes * in_flight + working_bytes,
+                                 optimizer_working_bytes);
+}
+
+stage_cost stage_coefficients::cost(const stage_layers& s,
+                                    bool recompute) const noexcept {
+  stage_cost c;
+  const double nb = s.blocks;
+  // Forward and backward times are sums over the stage's layers, as the
+  // runtime charges them.
+  double fwd = nb * block.forward_seconds;
+  double bwd = nb * block.backward_seconds;
+  double opt = nb * optimizer_block;
+  double stat = nb * memory_block.static_bytes;
+  double act = nb * memory_block.activation_bytes;
+  double work = nb > 0 ? memory_block.working_bytes : 0.0;
+  double opt_work = nb > 0 ? memory_block.optimizer_working_bytes : 0.0;
+  double params = nb * static_cast<double>(memory_block.parameters);
+  auto add = [&](const layer_timing& t, double o, const layer_memory& m) {
+    fwd += t.forward_seconds;
+    bwd += t.backward_seconds;
+    opt += o;
+    stat += m.static_bytes;
+    act += m.activation_bytes;
+    work = std::max(work, m.working_bytes);
+    opt_work = std::max(opt_work, m.optimizer_working_bytes);
+    params += static_cast<double>(m.parameters);
+  };
+  if (s.embedding)
+    add(embedding, optimizer_embedding, memory_embedding);
+  if (s.head)
+    add(head, optimizer_head, memory_head);
+  const double input = s.embedding ? 0.0 : boundary_bytes;
+  const double batch = s.embedding || s.head ? batch_bytes : 0.0;
+  c.forward_seconds = fwd;
+  c.backward_seconds = recompute ? bwd + fwd : bwd;
+  c.optimizer_seconds = opt;
+  c.static_bytes = stat;
+  c.recompute = recompute;
+  c.held_bytes = input + batch + (recompute ? 0.0 : act);
+  c.working_bytes = recompute ? act + work : work;
+  c.optimizer_working_bytes = opt_work;
+  c.gradient_bytes = 4 * params;
+  return c;
+}
+
+cost_model::cost_model(const job_config& job, chip_measurements& measurements)
+    : job_(&job), cache_(measurements) {
+}
+
+double cost_model::capacity_bytes(const chip_spec& chip) const {
+  if (chip.backend == device_backend::emulated)
+    return std::floor(static_cast<double>(chip.profile.memory_bytes) *
+                      job_->emulation.memory_scale);
+  if (chip.profile.memory_bytes > 0)
+    return static_cast<double>(chip.profile.memory_bytes);
+  return std::numeric_limits<double>::infinity();
+}
+
+const stage_coefficients& cost_model::coefficients(const chip_spec& chip,
+                                                   int micro_batch_size) {
+  auto key = std::make_pair(chip_kind_key(chip), micro_batch_size);
+  auto it = coefficients_.find(key);
+  if (it != coefficients_.end())
+    return it->second;
+  const auto& cfg = job_->model;
+  stage_coefficients c;
+  c.embedding = cache_.layer(chip, layer_kind::embedding, micro_batch_size);
+  c.block = cache_.layer(chip, layer_kind::block, micro_batch_size);
+  c.head = cache_.layer(chip, layer_kind::head, micro_batch_size);
+  c.optimizer_embedding = cache_.optimizer(chip, layer_kind::embedding);
+  c.optimizer_block = cache_.optimizer(chip, layer_kind::block);
+  c.optimizer_head = cache_.optimizer(chip, layer_kind::head);
+  const dtype d = chip.compute_dtype;
+  c.memory_embedding =
+    layer_memory_of(cfg, layer_kind::embedding, micro_batch_size, d);
+  c.memory_block = layer_memory_of(cfg, layer_kind::block, micro_batch_size, d);
+  c.memory_head = layer_memory_of(cfg, layer_kind::head, micro_batch_size, d);
+  c.boundary_bytes = scheduler::boundary_bytes(cfg, micro_batch_size);
+  c.batch_bytes = scheduler::batch_bytes(cfg, micro_batch_size);
+  return coefficients_.emplace(key, c).first->second;
+}
+
+stage_cost cost_model::stage(const chip_spec& chip, int first_layer,
+                             int end_layer, int micro_batch_size,
+                             bool recompute) {
+  return coefficients(chip, micro_batch_size)
+    .cost(stage_layers::of(job_->model, first_layer, end_layer), recompute);
+}
+
+double cost_model::boundary_seconds(const chip_spec& from, const chip_spec& to,
+                                    int micro_batch_size) const {
+  return link(from, to).seconds(
+    scheduler::boundary_bytes(job_->model, micro_batch_size));
+}
+
+std::vector<link_figures>
+cost_model::ring_links(const std::vector<const chip_spec*>& ring) const {
+  std::vector<link_figures> out;
+  const std::size_t r = ring.size();
+  for (std::size_t i = 0; i < r && r >= 2; ++i)
+    out.push_back(link(*ring[(i + r - 1) % r], *ring[i]));
+  return out;
+}
+
+std::vector<double> cost_model::buckets(const stage_layers& layers) const {
+  const auto& cfg = job_->model;
+  const double limit = static_cast<double>(job_->transport.bucket_bytes);
+  std::vector<double> out;
+  double open = -1; // bytes of the open bucket; -1: none
+  auto add = [&](layer_kind kind) {
+    for (std::int64_t n : parameter_tensors(cfg, kind)) {
+      const double b = 4.0 * static_cast<double>(n);
+      if (open >= 0 && open + b <= limit) {
+        open += b;
+        continue;
+      }
+      if (open >= 0)
+        out.push_back(open);
+      open = b;
+    }
+  };
+  if (layers.embedding)
+    add(layer_kind::embedding);
+  for (int i = 0; i < layers.blocks; ++i)
+    add(layer_kind::block);
+  if (layers.head)
+    add(layer_kind::head);
+  if (open >= 0)
+    out.push_back(open);
+  return out;
+}
+
+double cost_model::allreduce_seconds(const std::vector<link_figures>& links,
+                                     const std::vector<double>& buckets) const {
+  const std::size_t r = links.size();
+  if (r < 2)
+    return 0;
+  const double wire = job_->transport.reduce_dtype == dtype::fp32 ? 1.0 : 0.5;
+  double total = 0;
+  for (double b : buckets) {
+    const double share = b * wire / static_cast<double>(r);
+    double step = 0;
+    for (const auto& e : links)
+      step = std::max(step, e.seconds(share));
+    total += 2.0 * static_cast<double>(r - 1) * step;
+  }
+  return total;
+}
+
+double cost_model::allreduce_seconds(const std::vector<const chip_spec*>& ring,
+                                     int first_layer, int end_layer) const {
+  if (ring.size() < 2)
+    return 0;
+  return allreduce_seconds(
+    ring_links(ring),
+    buckets(stage_layers::of(job_->model, first_layer, end_layer)));
+}
+
+} // namespace h2::scheduler

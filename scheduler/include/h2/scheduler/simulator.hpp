@@ -1,0 +1,151 @@
+// The schedule simulator (docs/planner.md, "Simulator"): discrete-event
+// execution of the op lists of make_schedule() -- the lists the runtime runs
+// -- with per-op costs and link transfers, reproducing the runtime's virtual
+// clock:
+// - a compute op advances its stage's clock by its time;
+// - a send is instantaneous and stamps the sender's clock;
+// - a receive completes at max(receiver clock, send clock + link time);
+// - after its last backward a chip all-reduces its gradients with the chips
+//   of the other replicas holding the same layers (R > 1): one reduction
+//   group after the other in layer order, each starting when all its
+//   members are ready (a ring synchronises them) and lasting what the cost
+//   model says (cost_model::allreduce_seconds);
+// - then the global gradient norm is taken (a barrier over every chip), then
+//   every chip updates its layers;
+// - the step time is the largest clock at the end of the updates.
+#pragma once
+
+#include "h2/core/job.hpp"
+#include "h2/scheduler/schedule.hpp"
+
+#include <limits>
+#include <vector>
+
+namespace h2::scheduler {
+
+/// One stage as the simulator sees it: what each op costs and what the
+/// stage holds in memory.
+struct simulated_stage {
+  double forward_seconds = 0;   ///< one forward (one micro-batch)
+  double backward_seconds = 0;  ///< one backward, recomputation included
+  double optimizer_seconds = 0; ///< the stage's update, once per step
+  /// Link time of a micro-batch's activations from stage s - 1 to s, as s
+  /// times it (unused on the first stage).
+  double activation_link_seconds = 0;
+  /// Link time of a micro-batch's gradients from stage s + 1 to s, as s
+  /// times it (unused on the last stage).
+  double gradient_link_seconds = 0;
+  /// Memory: peak = static + max(held x in flight + working, optimizer
+  /// working); see stage_cost.
+  double static_bytes = 0;
+  double held_bytes = 0;
+  double working_bytes = 0;
+  double optimizer_working_bytes = 0;
+  double capacity_bytes = std::numeric_limits<double>::infinity();
+};
+
+/// One replica's pipeline.
+struct simulated_pipeline {
+  schedule_kind kind = schedule_kind::one_f_one_b;
+  int micro_batches = 1;
+  std::vector<simulated_stage> stages;
+};
+
+/// A gradient all-reduce of one reduction group: layers held by the same
+/// chip in every replica, reduced over the ring of those chips.
+struct simulated_reduction {
+  /// (replica, stage) of every member, in ring order.
+  std::vector<std::pair<int, int>> members;
+  /// Its duration once every member is ready.
+  double seconds = 0;
+};
+
+/// What a stretch of a chip's timeline was (for traces and drawings).
+enum class interval_kind { forward, backward, wait, allreduce, optimizer };
+
+/// "forward", "backward", "wait", "allreduce", "optimizer".
+std::string_view to_string(interval_kind k) noexcept;
+
+/// One stretch of one stage's timeline, seconds from the step's start.
+struct timeline_interval {
+  int replica = 0;
+  int stage = 0;
+  interval_kind kind = interval_kind::forward;
+  int micro_batch = -1; ///< -1 for allreduce and optimizer
+  double start_seconds = 0;
+  double end_seconds = 0;
+};
+
+/// What one stage did in the simulated step.
+struct stage_outcome {
+  double forward_seconds = 0;  ///< busy in forwards (all micro-batches)
+  double backward_seconds = 0; ///< busy in backwards
+  /// The pipeline phase (to the last backward of any chip) minus this
+  /// stage's forward and backward time, as the runtime reports idle time.
+  double idle_seconds = 0;
+  /// Time spent waiting in receives (part of idle_seconds).
+  double wait_seconds = 0;
+  double phase_end_seconds = 0; ///< its last backward's end
+  /// Its all-reduces' end (phase_end_seconds without replicas).
+  double reduced_seconds = 0;
+  double allreduce_seconds = 0; ///< busy in all-reduces
+  double optimizer_seconds = 0;
+  double end_seconds = 0; ///< its update's end
+  int peak_in_flight = 0;
+  double peak_bytes = 0;
+  bool fits = true; ///< peak_bytes <= capacity
+};
+
+/// A simulated step.
+struct simulation {
+  double step_seconds = 0; ///< the step's start to the last update's end
+  /// To the last backward or all-reduce of any chip (the runtime's
+  /// pipeline phase: the all-reduces run inside it).
+  double pipeline_seconds = 0;
+  double allreduce_seconds = 0; ///< the longest all-reduce time of a chip
+  double optimizer_seconds = 0; ///< the longest update
+  /// Idle share of the pipeline phase over all chips, as the runtime
+  /// reports it: 1 - busy / (pipeline_seconds x chips).
+  double bubble_fraction = 0;
+  bool fits = true; ///< every stage within its capacity
+  std::vector<std::vector<stage_outcome>> replicas;
+  std::vector<timeline_interval> timeline; ///< filled when asked for
+};
+
+/// Simulates one step of every replica; `reductions` in the order chips
+/// run them (by layer). `record_timeline` fills simulation::timeline.
+/// Throws h2::internal_error on an empty pipeline, fewer than one
+/// micro-batch or a reduction member out of range. Cost: O(ops of all
+/// stages + reduction members).
+simulation simulate(const std::vector<simulated_pipeline>& replicas,
+                    const std::vector<simulated_reduction>& reductions = {},
+                    bool record_timeline = false);
+
+/// The pipeline phase of one pipeline alone, for the planner's inner loop:
+/// the time its last backward ends. Keeps the op lists of the last shape
+/// and its buffers between calls; not thread-safe.
+class phase_simulator {
+public:
+  /// `forward`, `backward`, `activation_link`, `gradient_link` each point to
+  /// `stages` values with the meaning of simulated_stage's fields.
+  double makespan(schedule_kind kind, int stages, int micro_batches,
+                  const double* forward, const double* backward,
+                  const double* activation_link, const double* gradient_link);
+
+  /// Every stage's clock at the end of its list in the last run.
+  const std::vector<double>& stage_ends() const noexcept { return clock_; }
+
+  /// How many makespans were computed.
+  std::size_t runs() const noexcept { return runs_; }
+
+private:
+  schedule schedule_;
+  bool have_schedule_ = false;
+  std::vector<double> clock_, sent_forward_, sent_backward_;
+  std::vector<std::size_t> next_;
+  std::vector<char> blocked_;
+  std::vector<int> ready_;
+  std::size_t runs_ = 0;
+};
+
+} // namespace h2::scheduler

@@ -1,0 +1,59 @@
+// Private to scheduler/: what planner.cpp, stage_one.cpp and stage_two.cpp
+// share.
+#pragma once
+
+#include "h2/scheduler/planner.hpp"
+
+#include <string>
+#include <vector>
+
+namespace h2::scheduler {
+
+struct planner::impl {
+  impl(const job_config& job, chip_measurements& m, planner_options opt);
+
+  const job_config* job;
+  planner_options options;
+  schedule_kind kind;
+  std::vector<const chip_spec*> chips;
+  cost_model costs;
+  phase_simulator sim;
+  std::size_t simulations = 0;
+
+  /// Chips the planner treats alike: same profile, dtype and capacity.
+  std::vector<int> chip_class;           ///< per chip
+  std::vector<std::string> class_name;   ///< per class, e.g. "h100-sxm"
+  std::vector<double> class_capacity;    ///< per class
+  std::vector<std::vector<int>> members; ///< per class: chips in id order
+
+  /// Sequences of the global batch.
+  int sequences() const noexcept { return job->train.global_batch; }
+  int layers() const noexcept { return job->model.num_layers(); }
+
+  /// The micro-batch sizes allowed for a replica of `sequences`, ascending.
+  std::vector<int> micro_batch_sizes(int sequences) const;
+
+  /// The simulator's view of `p`: stage costs and links per replica, and
+  /// the all-reduce of every reduction group (layers held by the same chip
+  /// in every replica) in layer order.
+  struct simulator_input {
+    std::vector<simulated_pipeline> pipelines;
+    std::vector<simulated_reduction> reductions;
+  };
+  simulator_input pipelines_of(const plan& p);
+
+  /// Simulates `p`; counts the simulation.
+  simulation simulate_plan(const plan& p, bool timeline);
+
+  /// The report of `p` from its simulation.
+  plan_report report_of(const plan& p, simulation sim);
+
+  /// "2 x [h100-sxm x2, mi250x]" for a candidate.
+  std::string describe(const pipeline_candidate& c) const;
+
+  // Stage 1 and stage 2 (stage_one.cpp, stage_two.cpp).
+  std::vector<pipeline_candidate> stage_one();
+  stage_two_result stage_two(const pipeline_candidate& c, double bound);
+};
+
+} // namespace h2::scheduler

@@ -1,0 +1,479 @@
+// Jobs over several h2-node processes (docs/transport.md): h2-launch
+// --nodes, h2-node started by hand or from a launcher's environment, and
+// two network namespaces as two hosts. Every node is a real process; the
+// failure tests kill or stop one with real signals.
+#include "launch.hpp"
+
+#include <gtest/gtest.h>
+
+#include <csignal>
+#include <cstdlib>
+#include <dirent.h>
+#include <fstream>
+#include <regex>
+#include <sstream>
+#include <unistd.h>
+
+namespace h2::test {
+namespace {
+
+using namespace std::chrono_literals;
+
+const std::string node_binary = H2_NODE;
+
+/// The demo job (examples/demo.toml) on the virtual clock with its four
+/// chips split over nodes as `nodes` says (TOML [[nodes]] tables).
+std::string demo_job(const std::string& nodes) {
+  std::string job =
+    read_text(std::string(H2_SOURCE_DIR) + "/examples/demo.toml");
+  job = replaced(job, "clock = \"wall\"", "clock = \"virtual\"");
+  auto at = job.find("[[nodes]]");
+  auto end = job.find("[plan]");
+  if (at == std::string::npos || end == std::string::npos) {
+    ADD_FAILURE() << "examples/demo.toml lost its [[nodes]] or [plan]";
+    return job;
+  }
+  return job.substr(0, at) + nodes + "\n" + job.substr(end);
+}
+
+const std::string demo_on_two_nodes = R"([[nodes]]
+chips = ["emulated:h100-sxm", "emulated:mi250x"]
+[[nodes]]
+chips = ["emulated:a100-sxm-40gb", "emulated:a100-sxm-40gb"]
+)";
+
+const std::string demo_on_four_nodes = R"([[nodes]]
+chips = ["emulated:h100-sxm"]
+[[nodes]]
+chips = ["emulated:mi250x"]
+[[nodes]]
+chips = ["emulated:a100-sxm-40gb"]
+[[nodes]]
+chips = ["emulated:a100-sxm-40gb"]
+)";
+
+/// The per-step losses of a JSON log.
+std::vector<double> losses(const std::filesystem::path& log) {
+  std::vector<double> out;
+  for (const auto& j : events(json_log(read_text(log)), "step"))
+    out.push_back(j.at("loss").get<double>());
+  return out;
+}
+
+/// Sets an environment variable for this scope (children inherit it).
+class scoped_env {
+public:
+  scoped_env(std::string name, const std::string& value)
+      : name_(std::move(name)) {
+    ::setenv(name_.c_str(), value.c_str(), 1);
+  }
+  ~scoped_env() { ::unsetenv(name_.c_str()); }
+
+private:
+  std::string name_;
+};
+
+/// The pid of the h2-node child of `parent` running `--node-rank rank`
+/// (-1: none yet).
+pid_t node_pid(pid_t parent, int rank) {
+  DIR* proc = ::opendir("/proc");
+  if (proc == nullptr)
+    return -1;
+  pid_t found = -1;
+  while (auto* e = ::readdir(proc)) {
+    pid_t pid = static_cast<pid_t>(std::atoi(e->d_name));
+    if (pid <= 0)
+      continue;
+    std::string stat = read_text("/proc/" + std::to_string(pid) + "/stat");
+    auto close = stat.rfind(')');
+    if (close == std::string::npos)
+      continue;
+    std::istringstream rest(stat.substr(close + 2));
+    char state;
+    pid_t ppid = 0;
+    rest >> state >> ppid;
+    if (ppid != parent)
+      continue;
+    std::string cmd = read_text("/proc/" + std::to_string(pid) + "/cmdline");
+    std::replace(cmd.begin(), cmd.end(), '\0', ' ');
+    if (cmd.find("--node-rank " + std::to_string(rank) + " ") !=
+        std::string::npos)
+      found = pid;
+  }
+  ::closedir(proc);
+  return found;
+}
+
+/// Waits for rank 0's "coordinator at HOST:PORT" line; returns HOST:PORT
+/// ("" when rank 0 ended or the wait ran out first).
+std::string coordinator_of(child_process& rank0) {
+  static const std::regex re(R"(coordinator at (\S+:\d+))");
+  std::string found;
+  rank0.wait_until(
+    [&] {
+      std::smatch m;
+      std::string out = rank0.out();
+      if (!std::regex_search(out, m, re))
+        return false;
+      found = m[1];
+      return true;
+    },
+    run_timeout);
+  return found;
+}
+
+class apps_cluster : public ::testing::Test {
+protected:
+  /// Runs h2-launch `args` to its end; fails the test unless it exits 0.
+  run_result launch_ok(const std::vector<std::string>& args) {
+    auto r = run_to_end(launch_binary, args, dir_, run_timeout);
+    EXPECT_TRUE(r.status.exited && r.status.code == 0)
+      << r.status.describe() << "\nstdout:\n"
+      << r.out << "stderr:\n"
+      << r.err;
+    return r;
+  }
+
+  /// Starts a long run of the small job over two nodes and waits for its
+  /// first steps; the test then fails a node.
+  std::unique_ptr<child_process> start_long_run() {
+    auto job = dir_.write("job.toml", small_job);
+    auto child = std::make_unique<child_process>(
+      launch_binary,
+      std::vector<std::string>{job.string(), "--nodes", "2", "--steps",
+                               "1000000", "--no-metrics", "--json-log",
+                               (dir_ / "log.jsonl").string()},
+      dir_ / "stdout.txt", dir_ / "stderr.txt");
+    EXPECT_TRUE(child->wait_until(
+      [&] { return logged_steps(read_text(dir_ / "log.jsonl")) >= 3; },
+      run_timeout))
+      << child->err();
+    return child;
+  }
+
+  scratch_dir dir_;
+};
+
+TEST_F(apps_cluster, demo_over_nodes_is_bitwise_the_single_process_run) {
+  auto one = dir_.write("one.toml", demo_job(R"([[nodes]]
+chips = ["emulated:h100-sxm", "emulated:mi250x",
+         "emulated:a100-sxm-40gb", "emulated:a100-sxm-40gb"]
+)"));
+  auto two = dir_.write("two.toml", demo_job(demo_on_two_nodes));
+  auto four = dir_.write("four.toml", demo_job(demo_on_four_nodes));
+  auto two_tcp =
+    dir_.write("two-tcp.toml", demo_job(demo_on_two_nodes) +
+                                 "\n[transport]\nbackend = \"tcp\"\n");
+
+  auto run = [&](const std::filesystem::path& job, int nodes,
+                 const std::string& name) {
+    std::vector<std::string> args = {
+      job.string(), "--steps",
+      "3",          "--no-metrics",
+      "--export",   (dir_ / (name + ".safetensors")).string(),
+      "--json-log", (dir_ / (name + ".jsonl")).string()};
+    if (nodes > 1)
+      args.insert(args.end(), {"--nodes", std::to_string(nodes)});
+    return launch_ok(args);
+  };
+  run(one, 1, "one");
+  auto r2 = run(two, 2, "two");
+  EXPECT_NE(r2.out.find("h2: channel 0:1 <-> 1:0: shm"), std::string::npos)
+    << r2.out;
+  auto r4 = run(four, 4, "four");
+  for (const char* link :
+       {"0:0 <-> 1:0: shm", "1:0 <-> 2:0: shm", "2:0 <-> 3:0: shm"})
+    EXPECT_NE(r4.out.find(link), std::string::npos) << link << "\n" << r4.out;
+  auto rt = run(two_tcp, 2, "two-tcp");
+  EXPECT_NE(rt.out.find("h2: channel 0:1 <-> 1:0: tcp (forced)"),
+            std::string::npos)
+    << rt.out;
+  {
+    // The environment overrides the job file.
+    scoped_env env("H2_TRANSPORT", "tcp");
+    auto r = run(four, 4, "four-tcp");
+    EXPECT_NE(r.out.find("1:0 <-> 2:0: tcp (forced)"), std::string::npos)
+      << r.out;
+  }
+
+  auto reference = losses(dir_ / "one.jsonl");
+  ASSERT_EQ(reference.size(), 3u);
+  const auto params = read_text(dir_ / "one.safetensors");
+  ASSERT_FALSE(params.empty());
+  for (const char* name : {"two", "four", "two-tcp", "four-tcp"}) {
+    EXPECT_EQ(losses(dir_ / (std::string(name) + ".jsonl")), reference) << name;
+    EXPECT_TRUE(read_text(dir_ / (std::string(name) + ".safetensors")) ==
+                params)
+      << name << ": the trained parameters differ from the single process's";
+  }
+}
+
+TEST_F(apps_cluster, replicas_on_two_nodes_equal_the_single_process_run) {
+  // One pipeline per node: the gradients are all-reduced over shm.
+  auto job = dir_.write("job.toml", small_job);
+  auto plan = dir_.write("plan.json", R"({
+  "format": "h2-plan", "version": 1, "schedule": "1f1b",
+  "replicas": [
+    {"micro_batch_size": 2, "micro_batches": 2,
+     "stages": [{"chip": "0:0", "layers": [0, 4]},
+                {"chip": "0:1", "layers": [4, 6]}]},
+    {"micro_batch_size": 1, "micro_batches": 4,
+     "stages": [{"chip": "1:0", "layers": [0, 1]},
+                {"chip": "1:1", "layers": [1, 6]}]}
+  ]
+}
+)");
+  for (const std::string nodes : {"1", "2"}) {
+    std::vector<std::string> args = {
+      job.string(),  "--plan",
+      plan.string(), "--steps",
+      "4",           "--no-metrics",
+      "--export",    (dir_ / (nodes + ".safetensors")).string(),
+      "--json-log",  (dir_ / (nodes + ".jsonl")).string()};
+    if (nodes != "1")
+      args.insert(args.end(), {"--nodes", nodes});
+    launch_ok(args);
+  }
+  EXPECT_EQ(losses(dir_ / "1.jsonl"), losses(dir_ / "2.jsonl"));
+  EXPECT_EQ(losses(dir_ / "1.jsonl").size(), 4u);
+  EXPECT_TRUE(read_text(dir_ / "1.safetensors") ==
+              read_text(dir_ / "2.safetensors"));
+}
+
+TEST_F(apps_cluster, killed_node_is_reported_by_every_survivor) {
+  auto child = start_long_run();
+  pid_t victim = node_pid(child->pid(), 1);
+  ASSERT_GT(victim, 0);
+  ::kill(victim, SIGKILL);
+  auto status = child->wait(run_timeout);
+  ASSERT_TRUE(status.exited) << status.describe();
+  EXPECT_EQ(status.code, 3) << child->err();
+  auto err = child->err();
+  EXPECT_NE(err.find("node 1 (chips 1:0, 1:1) is gone"), std::string::npos)
+    << err;
+  EXPECT_NE(err.find("h2-launch: node 1 was killed by signal 9\n"),
+            std::string::npos)
+    << err;
+  for (const auto& marker : stack_trace_markers)
+    EXPECT_EQ(err.find(marker), std::string::npos) << err;
+  EXPECT_TRUE(shm_entries("h2").empty());
+}
+
+TEST_F(apps_cluster, stalled_node_is_detected_and_killed) {
+  auto child = start_long_run();
+  pid_t victim = node_pid(child->pid(), 1);
+  ASSERT_GT(victim, 0);
+  ::kill(victim, SIGSTOP);
+  auto status = child->wait(run_timeout);
+  ASSERT_TRUE(status.exited) << status.describe();
+  EXPECT_EQ(status.code, 3) << child->err();
+  auto err = child->err();
+  EXPECT_NE(err.find("node 1 (chips 1:0, 1:1) stalled: no heartbeat for 5 s"),
+            std::string::npos)
+    << err;
+  EXPECT_NE(err.find("h2-launch: node 1 was killed by signal 9 (by h2-launch)"),
+            std::string::npos)
+    << err;
+}
+
+TEST_F(apps_cluster, stalled_coordinator_is_detected_by_the_other_nodes) {
+  auto child = start_long_run();
+  pid_t victim = node_pid(child->pid(), 0);
+  ASSERT_GT(victim, 0);
+  ::kill(victim, SIGSTOP);
+  auto status = child->wait(run_timeout);
+  ASSERT_TRUE(status.exited) << status.describe();
+  EXPECT_EQ(status.code, 3) << child->err();
+  auto err = child->err();
+  EXPECT_NE(err.find("[node 1] h2-node: training failed (peer lost): the "
+                     "coordinator (node 0, chips 0:0, 0:1) stalled"),
+            std::string::npos)
+    << err;
+}
+
+TEST_F(apps_cluster, every_node_serves_metrics_listed_in_file_sd) {
+  auto job = dir_.write("job.toml", small_job);
+  auto targets = dir_ / "targets.json";
+  child_process child(launch_binary,
+                      {job.string(), "--nodes", "2", "--steps", "1000000",
+                       "--metrics-port", "0", "--metrics-targets",
+                       targets.string()},
+                      dir_ / "stdout.txt", dir_ / "stderr.txt");
+  ASSERT_TRUE(child.wait_until(
+    [&] {
+      return step_lines(child.out()).size() >= 3 && !read_text(targets).empty();
+    },
+    run_timeout))
+    << child.err();
+  auto sd = nlohmann::json::parse(read_text(targets));
+  ASSERT_EQ(sd.size(), 2u) << sd.dump();
+  for (int rank = 0; rank < 2; ++rank) {
+    const auto& entry = sd.at(static_cast<std::size_t>(rank));
+    EXPECT_EQ(entry.at("labels").at("node"), std::to_string(rank));
+    std::string target = entry.at("targets").at(0);
+    int port = std::stoi(target.substr(target.rfind(':') + 1));
+    std::string body;
+    ASSERT_NO_THROW(body = http_get(port, "/metrics"));
+    // Each node exports its own chips.
+    std::string own = "chip=\"" + std::to_string(rank) + ":0\"";
+    EXPECT_NE(body.find(own), std::string::npos) << "node " << rank << body;
+    EXPECT_NE(body.find("\nh2_steps_total "), std::string::npos) << body;
+  }
+  child.send(SIGINT);
+  auto status = child.wait(run_timeout);
+  EXPECT_TRUE(status.exited && status.code == 130)
+    << status.describe() << child.err();
+}
+
+TEST_F(apps_cluster, nodes_take_rank_and_coordinator_from_the_environment) {
+  auto job = dir_.write("job.toml", small_job);
+  auto secret = dir_.write("secret", "0123456789abcdef0123456789abcdef");
+  child_process rank0(node_binary,
+                      {"--job", job.string(), "--node-rank", "0",
+                       "--world-size", "2", "--coordinator", "127.0.0.1:0",
+                       "--secret-file", secret.string(), "--steps", "3",
+                       "--no-metrics"},
+                      dir_ / "out0.txt", dir_ / "err0.txt");
+  const std::string coordinator = coordinator_of(rank0);
+  ASSERT_FALSE(coordinator.empty()) << rank0.err();
+  // torchrun's variables; Slurm's and Open MPI's are read the same way.
+  scoped_env rank("RANK", "1"), world("WORLD_SIZE", "2"),
+    addr("MASTER_ADDR", "127.0.0.1"),
+    port("MASTER_PORT", coordinator.substr(coordinator.rfind(':') + 1));
+  child_process rank1(node_binary,
+                      {"--job", job.string(), "--secret-file", secret.string(),
+                       "--steps", "3", "--no-metrics"},
+                      dir_ / "out1.txt", dir_ / "err1.txt");
+  auto s1 = rank1.wait(run_timeout);
+  auto s0 = rank0.wait(run_timeout);
+  EXPECT_TRUE(s0.exited && s0.code == 0) << s0.describe() << rank0.err();
+  EXPECT_TRUE(s1.exited && s1.code == 0) << s1.describe() << rank1.err();
+  EXPECT_EQ(step_lines(rank0.out()).size(), 3u) << rank0.out();
+}
+
+TEST_F(apps_cluster, a_node_without_the_secret_is_refused) {
+  auto job = dir_.write("job.toml", small_job);
+  auto secret = dir_.write("secret", "0123456789abcdef0123456789abcdef");
+  auto wrong = dir_.write("wrong", "fedcba9876543210fedcba9876543210");
+  child_process rank0(node_binary,
+                      {"--job", job.string(), "--node-rank", "0",
+                       "--world-size", "2", "--coordinator", "127.0.0.1:0",
+                       "--secret-file", secret.string(), "--no-metrics"},
+                      dir_ / "out0.txt", dir_ / "err0.txt");
+  const std::string coordinator = coordinator_of(rank0);
+  ASSERT_FALSE(coordinator.empty()) << rank0.err();
+  auto r = run_to_end(node_binary,
+                      {"--job", job.string(), "--node-rank", "1",
+                       "--world-size", "2", "--coordinator", coordinator,
+                       "--secret-file", wrong.string(), "--no-metrics"},
+                      dir_, run_timeout);
+  ASSERT_TRUE(r.status.exited) << r.status.describe();
+  EXPECT_NE(r.status.code, 0);
+  expect_one_line(r.err);
+  EXPECT_NE(r.err.find("does not know the job's secret"), std::string::npos)
+    << r.err;
+  // The coordinator still waits for a real node 1; nothing reached node 1.
+  EXPECT_TRUE(rank0.running());
+  EXPECT_TRUE(step_lines(rank0.out()).empty());
+}
+
+TEST_F(apps_cluster, bad_node_flags_are_one_line_errors) {
+  auto job = dir_.write("job.toml", small_job);
+  auto secret = dir_.write("secret", "0123456789abcdef0123456789abcdef");
+  struct bad_case {
+    std::vector<std::string> args;
+    std::string expect;
+  };
+  std::vector<bad_case> cases = {
+    {{"--job", job.string(), "--node-rank", "0", "--world-size", "2",
+      "--coordinator", "127.0.0.1:0"},
+     "security.secret_file"},
+    {{"--job", job.string(), "--node-rank", "0", "--world-size", "2",
+      "--coordinator", "nohostport", "--secret-file", secret.string()},
+     "--coordinator"},
+    {{"--job", job.string(), "--node-rank", "0", "--world-size", "3",
+      "--coordinator", "127.0.0.1:0", "--secret-file", secret.string()},
+     "--world-size"},
+    {{"--job", job.string(), "--world-size", "2", "--coordinator",
+      "127.0.0.1:0", "--secret-file", secret.string()},
+     "--node-rank"},
+  };
+  for (const auto& c : cases) {
+    auto r = run_to_end(node_binary, c.args, dir_, run_timeout);
+    ASSERT_TRUE(r.status.exited) << r.status.describe();
+    EXPECT_EQ(r.status.code, 2) << r.err;
+    expect_one_line(r.err);
+    EXPECT_NE(r.err.find(c.expect), std::string::npos) << r.err;
+  }
+}
+
+/// Two network namespaces joined by a veth pair: two hosts by DESIGN.md's
+/// identity (the host id includes the network namespace).
+class two_hosts {
+public:
+  two_hosts() {
+    const std::string tag = std::to_string(::getpid() % 100000);
+    a_ = "h2a" + tag;
+    b_ = "h2b" + tag;
+    std::string cmds =
+      "ip netns add " + a_ + " && ip netns add " + b_ + " && ip link add v" +
+      a_ + " type veth peer name v" + b_ + " && ip link set v" + a_ +
+      " netns " + a_ + " && ip link set v" + b_ + " netns " + b_ +
+      " && ip -n " + a_ + " addr add 10.231.0.1/24 dev v" + a_ + " && ip -n " +
+      b_ + " addr add 10.231.0.2/24 dev v" + b_ + " && ip -n " + a_ +
+      " link set v" + a_ + " up && ip -n " + b_ + " link set v" + b_ +
+      " up && ip -n " + a_ + " link set lo up && ip -n " + b_ +
+      " link set lo up";
+    ok_ = std::system(("(" + cmds + ") >/dev/null 2>&1").c_str()) == 0;
+  }
+  ~two_hosts() {
+    std::system(("ip netns del " + a_ + " >/dev/null 2>&1; ip netns del " + b_ +
+                 " >/dev/null 2>&1")
+                  .c_str());
+  }
+  bool ok() const { return ok_; }
+  const std::string& a() const { return a_; }
+  const std::string& b() const { return b_; }
+
+private:
+  std::string a_, b_;
+  bool ok_ = false;
+};
+
+TEST_F(apps_cluster, two_hosts_train_over_tcp) {
+  two_hosts hosts;
+  if (!hosts.ok())
+    GTEST_SKIP() << "cannot create network namespaces here (needs root or "
+                    "CAP_SYS_ADMIN and iproute2)";
+  auto job = dir_.write("job.toml", small_job);
+  auto secret = dir_.write("secret", "0123456789abcdef0123456789abcdef");
+  child_process rank0("/usr/sbin/ip",
+                      {"netns", "exec", hosts.a(), node_binary, "--job",
+                       job.string(), "--node-rank", "0", "--world-size", "2",
+                       "--coordinator", "10.231.0.1:0", "--secret-file",
+                       secret.string(), "--steps", "3", "--no-metrics",
+                       "--export", (dir_ / "hosts.safetensors").string()},
+                      dir_ / "out0.txt", dir_ / "err0.txt");
+  const std::string coordinator = coordinator_of(rank0);
+  ASSERT_FALSE(coordinator.empty()) << rank0.err();
+  child_process rank1("/usr/sbin/ip",
+                      {"netns", "exec", hosts.b(), node_binary, "--job",
+                       job.string(), "--node-rank", "1", "--world-size", "2",
+                       "--coordinator", coordinator, "--secret-file",
+                       secret.string(), "--steps", "3", "--no-metrics"},
+                      dir_ / "out1.txt", dir_ / "err1.txt");
+  auto s1 = rank1.wait(run_timeout);
+  auto s0 = rank0.wait(run_timeout);
+  ASSERT_TRUE(s0.exited && s0.code == 0) << s0.describe() << rank0.err();
+  ASSERT_TRUE(s1.exited && s1.code == 0) << s1.describe() << rank1.err();
+  // Different hosts: no shared memory between them, TCP.
+  EXPECT_NE(rank0.out().find("h2: channel 0:1 <-> 1:0: tcp"), std::string::npos)
+    << rank0.out();
+  launch_ok({job.string(), "--steps", "3", "--no-metrics", "--export",
+             (dir_ / "one.safetensors").string()});
+  EXPECT_TRUE(read_text(dir_ / "hosts.safetensors") ==
+              read_text(dir_ / "one.safetensors"));
+}
+
+} // namespace
+} // namespace h2::test

@@ -1,0 +1,222 @@
+// h2-plan end to end: the table, --json accepted by plan_from_json and
+// validate_plan (what h2-launch --plan reads), --svg and --trace files,
+// --compare, and bad input: exit code 2 and one line.
+#include "launch.hpp"
+
+#include "h2/core/job.hpp"
+#include "h2/core/plan.hpp"
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <set>
+
+namespace h2::test {
+namespace {
+
+inline const std::string plan_binary = H2_PLAN;
+constexpr std::chrono::seconds plan_timeout{120};
+
+run_result run_plan(const scratch_dir& dir, std::vector<std::string> args) {
+  return run_to_end(plan_binary, args, dir, plan_timeout);
+}
+
+TEST(apps_plan_cli, prints_the_plan_and_why) {
+  scratch_dir dir;
+  auto job = dir.write("job.toml", small_job);
+  auto r = run_plan(dir, {job.string()});
+  ASSERT_EQ(r.status.code, 0) << r.status.describe() << "\n" << r.err;
+  EXPECT_EQ(r.err, "");
+  for (const char* needle :
+       {"h2-plan: job \"e2e\"", "replica 0:", "stage", "0:0",
+        "emulated:h100-sxm", "predicted step", "tokens/s", "bubble",
+        "why:", "binding stage", "memory: tightest chip", "proven optimal"})
+    EXPECT_NE(r.out.find(needle), std::string::npos)
+      << "missing '" << needle << "' in:\n"
+      << r.out;
+}
+
+TEST(apps_plan_cli, json_is_a_plan_h2_launch_accepts) {
+  scratch_dir dir;
+  auto job_path = dir.write("job.toml", small_job);
+  auto r = run_plan(dir, {job_path.string(), "--json"});
+  ASSERT_EQ(r.status.code, 0) << r.status.describe() << "\n" << r.err;
+  auto job = parse_job(small_job, "job.toml");
+  plan p = plan_from_json(r.out, "stdout");
+  validate_plan(p, job, "stdout");
+  EXPECT_EQ(p.schedule, schedule_kind::one_f_one_b); // the job's schedule
+  // Options reach the plan.
+  auto g = run_plan(dir, {job_path.string(), "--json", "--schedule", "gpipe",
+                          "--max-replicas", "1", "--micro-batch", "2"});
+  ASSERT_EQ(g.status.code, 0) << g.err;
+  plan q = plan_from_json(g.out, "stdout");
+  validate_plan(q, job, "stdout");
+  EXPECT_EQ(q.schedule, schedule_kind::gpipe);
+  ASSERT_EQ(q.replicas.size(), 1u);
+  EXPECT_EQ(q.replicas[0].micro_batch_size, 2);
+  // h2-launch trains with it.
+  auto plan_path = dir.write("plan.json", g.out);
+  auto log = dir / "log.jsonl";
+  auto run =
+    run_to_end(launch_binary,
+               {job_path.string(), "--plan", plan_path.string(), "--steps", "2",
+                "--json-log", log.string(), "--no-metrics", "-q"},
+               dir, run_timeout);
+  ASSERT_TRUE(run.status.exited && run.status.code == 0)
+    << run.status.describe() << "\n"
+    << run.err;
+  EXPECT_NE(run.out.find("gpipe schedule"), std::string::npos) << run.out;
+  EXPECT_EQ(logged_steps(read_text(log)), 2);
+}
+
+TEST(apps_plan_cli, svg_and_trace_files) {
+  scratch_dir dir;
+  auto job = dir.write("job.toml", small_job);
+  auto svg = dir / "plan.svg";
+  auto trace = dir / "plan.trace.json";
+  auto r = run_plan(
+    dir, {job.string(), "--svg", svg.string(), "--trace", trace.string()});
+  ASSERT_EQ(r.status.code, 0) << r.err;
+  // SVG: one document, a row label per chip of the plan, coloured bars.
+  std::string s = read_text(svg);
+  EXPECT_EQ(s.rfind("<?xml", 0), 0u);
+  EXPECT_NE(s.find("<svg xmlns=\"http://www.w3.org/2000/svg\""),
+            std::string::npos);
+  EXPECT_EQ(s.find("</svg>"), s.size() - 7);
+  EXPECT_NE(s.find("#4e79a7"), std::string::npos); // forward
+  EXPECT_NE(s.find("#f28e2b"), std::string::npos); // backward
+  auto json = dir.write("p.json", run_plan(dir, {job.string(), "--json"}).out);
+  plan p = plan_from_json(read_text(json), "p.json");
+  for (const auto& rep : p.replicas)
+    for (const auto& st : rep.stages)
+      EXPECT_NE(
+        s.find(std::string(">").append(st.chip.to_string()).append(" ")),
+        std::string::npos)
+        << st.chip.to_string();
+  std::size_t opened = 0, closed = 0;
+  for (std::size_t at = s.find("<rect"); at != std::string::npos;
+       at = s.find("<rect", at + 1))
+    ++opened;
+  for (std::size_t at = s.find("/>"); at != std::string::npos;
+       at = s.find("/>", at + 1))
+    ++closed;
+  for (std::size_t at = s.find("</rect>"); at != std::string::npos;
+       at = s.find("</rect>", at + 1))
+    ++closed;
+  EXPECT_GT(opened, 10u);
+  EXPECT_GE(closed, opened); // every rect closed (lines close with /> too)
+  // Trace: Chrome trace JSON with a complete event per forward and backward
+  // of every stage and micro-batch.
+  auto t = nlohmann::json::parse(read_text(trace));
+  ASSERT_TRUE(t.contains("traceEvents"));
+  std::set<std::string> names;
+  int computes = 0;
+  for (const auto& e : t["traceEvents"]) {
+    if (e["ph"] == "X") {
+      names.insert(e["cat"].get<std::string>());
+      EXPECT_GE(e["dur"].get<double>(), 0);
+      if (e["cat"] == "forward" || e["cat"] == "backward")
+        ++computes;
+    }
+  }
+  EXPECT_TRUE(names.count("forward") && names.count("backward") &&
+              names.count("optimizer"));
+  int expected = 0;
+  for (const auto& rep : p.replicas)
+    expected += 2 * rep.micro_batches * static_cast<int>(rep.stages.size());
+  EXPECT_EQ(computes, expected);
+}
+
+TEST(apps_plan_cli, compare_and_candidates) {
+  scratch_dir dir;
+  auto job = dir.write("job.toml", small_job);
+  auto r = run_plan(dir, {job.string(), "--compare", "--candidates"});
+  ASSERT_EQ(r.status.code, 0) << r.err;
+  for (const char* needle :
+       {"compare (predicted):", "auto (this plan)", "even (4 stages",
+        "homogeneous h100-sxm/bf16 (1 chip", "homogeneous mi250x/bf16",
+        "super-linear ratio:", "layouts (stage 1), fastest first:"})
+    EXPECT_NE(r.out.find(needle), std::string::npos)
+      << "missing '" << needle << "' in:\n"
+      << r.out;
+}
+
+struct bad_plan_case {
+  std::string name;
+  std::function<std::vector<std::string>(const scratch_dir&)> args;
+  std::string needle;
+};
+
+class apps_plan_cli_bad_input : public ::testing::TestWithParam<bad_plan_case> {
+};
+
+TEST_P(apps_plan_cli_bad_input, exits_2_with_one_line) {
+  scratch_dir dir;
+  auto r = run_plan(dir, GetParam().args(dir));
+  EXPECT_TRUE(r.status.exited && r.status.code == 2)
+    << r.status.describe() << "\n"
+    << r.err;
+  expect_one_line(r.err);
+  EXPECT_EQ(r.err.rfind("h2-plan: error: ", 0), 0u) << r.err;
+  EXPECT_NE(r.err.find(GetParam().needle), std::string::npos) << r.err;
+  EXPECT_EQ(r.out, "");
+}
+
+std::vector<std::string> job_with(const scratch_dir& dir,
+                                  const std::string& from,
+                                  const std::string& to,
+                                  std::vector<std::string> extra = {}) {
+  auto job = dir.write("job.toml", replaced(small_job, from, to));
+  extra.insert(extra.begin(), job.string());
+  return extra;
+}
+
+INSTANTIATE_TEST_SUITE_P(
+  apps, apps_plan_cli_bad_input,
+  ::testing::Values(
+    bad_plan_case{"no_job",
+                  [](const scratch_dir&) { return std::vector<std::string>{}; },
+                  "job is required"},
+    bad_plan_case{"missing_file",
+                  [](const scratch_dir& d) {
+                    return std::vector<std::string>{(d / "nope.toml").string()};
+                  },
+                  "nope.toml"},
+    bad_plan_case{"bad_key",
+                  [](const scratch_dir& d) {
+                    return job_with(d, "lr = 1e-3", "lrr = 1e-3");
+                  },
+                  "train.lrr: unknown key"},
+    bad_plan_case{"bad_topology",
+                  [](const scratch_dir& d) {
+                    return job_with(d, "[plan]",
+                                    "[topology]\nnodes_per_host = -1\n[plan]");
+                  },
+                  "topology.nodes_per_host"},
+    bad_plan_case{
+      "bad_schedule",
+      [](const scratch_dir& d) {
+        return job_with(d, "[plan]", "[plan]", {"--schedule", "zb"});
+      },
+      "--schedule"},
+    bad_plan_case{"unknown_flag",
+                  [](const scratch_dir& d) {
+                    return job_with(d, "[plan]", "[plan]", {"--frobnicate"});
+                  },
+                  "frobnicate"},
+    bad_plan_case{
+      "micro_batch_divides_nothing",
+      [](const scratch_dir& d) {
+        return job_with(d, "[plan]", "[plan]", {"--micro-batch", "3"});
+      },
+      "no plan fits"},
+    bad_plan_case{"does_not_fit",
+                  [](const scratch_dir& d) {
+                    return job_with(d, "memory_scale = 1e-3",
+                                    "memory_scale = 1e-6");
+                  },
+                  "plan: no plan fits: "}),
+  [](const auto& info) { return info.param.name; });
+
+} // namespace
+} // namespace h2::test
