@@ -52,7 +52,7 @@ message pending_message::get(std::chrono::duration<double> timeout) {
   // Spin briefly before sleeping: a message that is about to arrive (shm,
   // a neighbour finishing its op) is then taken without a thread wake-up.
   spin_until([&] { return s->done.load(std::memory_order_acquire); },
-             std::chrono::microseconds(20));
+             spin_budget(std::chrono::microseconds(20)));
   std::unique_lock<std::mutex> lock(s->mutex);
   bool done = s->ready.wait_for(lock, std::min(timeout, longest), [&] {
     return s->value.has_value() || s->failure.has_value();

@@ -3,18 +3,23 @@
 #include "h2/transport/crc32c.hpp"
 
 #include <ATen/ops/empty.h>
+#include <ATen/ops/from_blob.h>
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
 #include <openssl/hmac.h>
 #include <openssl/rand.h>
 
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <map>
+#include <mutex>
 #include <sstream>
 
 namespace h2::transport {
 
-// -- the job's secret ----------------------------------------------------------
+// -- the job's secret
+// ----------------------------------------------------------
 
 job_secret::job_secret(std::string bytes) : bytes_(std::move(bytes)) {
 }
@@ -46,7 +51,8 @@ job_secret::prove(const std::string& message) const {
   return out;
 }
 
-// -- handshake -----------------------------------------------------------------
+// -- handshake
+// -----------------------------------------------------------------
 
 namespace {
 
@@ -175,8 +181,8 @@ handshake_result accept_handshake(byte_link& link, const job_secret& secret,
   response.node_rank = rank;
   response.step = 2;
   response.nonce = random_nonce();
-  response.proof = secret.prove(
-    proof_message("acceptor", challenge.nonce, challenge.channel));
+  response.proof =
+    secret.prove(proof_message("acceptor", challenge.nonce, challenge.channel));
   send_hello(link, response);
   auto proof = read_hello(link, until, 3);
   if (proof.channel != challenge.channel ||
@@ -191,7 +197,8 @@ handshake_result accept_handshake(byte_link& link, const job_secret& secret,
   return {challenge.channel, challenge.node_rank};
 }
 
-// -- tensors on the wire ---------------------------------------------------------
+// -- tensors on the wire
+// ---------------------------------------------------------
 
 namespace {
 
@@ -239,11 +246,79 @@ at::ScalarType scalar_type_of(wire::dtype_code c) {
 
 } // namespace
 
-// -- the channel ---------------------------------------------------------------
+// -- receive buffers
+// -------------------------------------------------------------
+
+/// Buffers for received tensors, reused once a tensor is freed. A tensor
+/// received into fresh memory pays a page fault per 4 KiB touched, most of
+/// the time of a large shm message; a pipeline receives tensors of the same
+/// few shapes every micro-batch, so a freed buffer of the same size is
+/// nearly always there to take. Thread-safe; outlives the channel while its
+/// tensors live.
+class receive_pool : public std::enable_shared_from_this<receive_pool> {
+public:
+  ~receive_pool() {
+    for (auto& [bytes, p] : free_)
+      std::free(p);
+  }
+
+  /// An uninitialised tensor of `shape` and `type` holding `bytes` bytes.
+  at::Tensor take(const std::vector<std::int64_t>& shape, at::ScalarType type,
+                  std::size_t bytes) {
+    if (bytes == 0)
+      return at::empty(shape, type);
+    void* p = nullptr;
+    {
+      std::lock_guard<std::mutex> guard(mutex_);
+      if (auto it = free_.find(bytes); it != free_.end()) {
+        p = it->second;
+        free_.erase(it);
+        free_bytes_ -= bytes;
+      }
+    }
+    if (p == nullptr) {
+      p = std::aligned_alloc(64, (bytes + 63) / 64 * 64);
+      if (p == nullptr)
+        throw std::bad_alloc();
+    }
+    return at::from_blob(
+      p, shape,
+      [self = shared_from_this(), bytes](void* data) {
+        self->give(data, bytes);
+      },
+      at::TensorOptions().dtype(type));
+  }
+
+private:
+  /// Keeps `p` for reuse, or frees it past the cap.
+  void give(void* p, std::size_t bytes) noexcept {
+    {
+      std::lock_guard<std::mutex> guard(mutex_);
+      if (free_bytes_ + bytes <= max_free_bytes) {
+        free_.emplace(bytes, p);
+        free_bytes_ += bytes;
+        return;
+      }
+    }
+    std::free(p);
+  }
+
+  /// Most bytes kept free per channel.
+  static constexpr std::size_t max_free_bytes = std::size_t{256} << 20;
+
+  std::mutex mutex_;
+  std::multimap<std::size_t, void*> free_;
+  std::size_t free_bytes_ = 0;
+};
+
+// -- the channel
+// ---------------------------------------------------------------
 
 framed_channel::framed_channel(std::unique_ptr<byte_link> link,
                                framed_options options)
-  : link_(std::move(link)), options_(options) {
+    : link_(std::move(link)),
+      options_(options),
+      pool_(std::make_shared<receive_pool>()) {
   reader_ = std::thread([this] { read_loop(); });
 }
 
@@ -260,10 +335,9 @@ std::string_view framed_channel::backend() const noexcept {
 void framed_channel::send(message m) {
   if (closed_.load())
     throw transport_error(transport_errc::cancelled,
-                          "send on a closed " +
-                            std::string(link_->backend()) + " channel");
-  if (auto f = inbox_.failure();
-      f && f->code() != transport_errc::timeout)
+                          "send on a closed " + std::string(link_->backend()) +
+                            " channel");
+  if (auto f = inbox_.failure(); f && f->code() != transport_errc::timeout)
     throw transport_error(f->code() == transport_errc::cancelled
                             ? transport_errc::cancelled
                             : transport_errc::peer_closed,
@@ -278,8 +352,7 @@ void framed_channel::send(message m) {
   if (m.tensor.defined()) {
     t = m.tensor.device().is_cpu() ? m.tensor.contiguous()
                                    : m.tensor.to(at::kCPU).contiguous();
-    H2_ENFORCE(t.dim() <= wire::max_dims, "tensor of ", t.dim(),
-               " dimensions");
+    H2_ENFORCE(t.dim() <= wire::max_dims, "tensor of ", t.dim(), " dimensions");
     h.flags |= wire::flag::tensor;
     h.dtype = code_of(t.scalar_type());
     h.ndim = static_cast<std::uint8_t>(t.dim());
@@ -342,7 +415,8 @@ void framed_channel::read_loop() {
       if ((h.flags & wire::flag::tensor) != 0) {
         std::vector<std::int64_t> shape(h.shape.begin(),
                                         h.shape.begin() + h.ndim);
-        m.tensor = at::empty(shape, scalar_type_of(h.dtype));
+        m.tensor = pool_->take(shape, scalar_type_of(h.dtype),
+                               static_cast<std::size_t>(h.payload_bytes));
         into = m.tensor.data_ptr();
       } else {
         m.bytes.resize(h.payload_bytes);

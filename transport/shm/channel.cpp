@@ -65,13 +65,13 @@ static_assert(sizeof(segment_header) <= control_bytes);
 /// How long a sleeping side waits before it checks that its peer lives.
 constexpr std::chrono::milliseconds liveness_interval{20};
 /// How long a side spins before it sleeps.
-constexpr std::chrono::microseconds spin_budget{50};
+constexpr std::chrono::microseconds spin_wanted{50};
 
 class shm_link final : public byte_link {
 public:
   shm_link(void* map, std::size_t map_bytes, bool acceptor,
            std::unique_ptr<socket_link> socket)
-    : map_(map), map_bytes_(map_bytes), socket_(std::move(socket)) {
+      : map_(map), map_bytes_(map_bytes), socket_(std::move(socket)) {
     auto* h = static_cast<segment_header*>(map);
     capacity_ = h->capacity;
     auto* base = static_cast<char*>(map) + control_bytes;
@@ -93,16 +93,17 @@ public:
       while (left > 0) {
         std::uint64_t head = out_->head.load(std::memory_order_relaxed);
         std::uint64_t free_bytes = 0;
-        wait([&] {
-          if (out_->reader_closed.load(std::memory_order_acquire) != 0)
-            throw transport_error(transport_errc::peer_closed,
-                                  "shm peer " + peer() +
-                                    " closed the channel");
-          free_bytes = ring::free_space(
-            head, out_->tail.load(std::memory_order_acquire), capacity_);
-          return free_bytes > 0;
-        },
-             out_->space_seq, out_->writer_waiting, std::nullopt);
+        wait(
+          [&] {
+            if (out_->reader_closed.load(std::memory_order_acquire) != 0)
+              throw transport_error(transport_errc::peer_closed,
+                                    "shm peer " + peer() +
+                                      " closed the channel");
+            free_bytes = ring::free_space(
+              head, out_->tail.load(std::memory_order_acquire), capacity_);
+            return free_bytes > 0;
+          },
+          out_->space_seq, out_->writer_waiting, std::nullopt);
         std::size_t n = std::min<std::uint64_t>(free_bytes, left);
         ring::copy_in(out_data_, capacity_, head, p, n);
         out_->head.store(head + n, std::memory_order_seq_cst);
@@ -123,21 +124,22 @@ public:
     while (size > 0) {
       std::uint64_t tail = in_->tail.load(std::memory_order_relaxed);
       std::uint64_t available = 0;
-      wait([&] {
-        available =
-          ring::used(in_->head.load(std::memory_order_acquire), tail);
-        if (available == 0 &&
-            in_->writer_closed.load(std::memory_order_acquire) != 0) {
-          if (p != start)
-            throw transport_error(transport_errc::corrupt_frame,
-                                  "corrupt frame: shm peer ended the stream "
-                                  "inside a frame");
-          throw transport_error(transport_errc::peer_closed,
-                                "shm peer " + peer() + " closed the channel");
-        }
-        return available > 0;
-      },
-           in_->data_seq, in_->reader_waiting, until);
+      wait(
+        [&] {
+          available =
+            ring::used(in_->head.load(std::memory_order_acquire), tail);
+          if (available == 0 &&
+              in_->writer_closed.load(std::memory_order_acquire) != 0) {
+            if (p != start)
+              throw transport_error(transport_errc::corrupt_frame,
+                                    "corrupt frame: shm peer ended the stream "
+                                    "inside a frame");
+            throw transport_error(transport_errc::peer_closed,
+                                  "shm peer " + peer() + " closed the channel");
+          }
+          return available > 0;
+        },
+        in_->data_seq, in_->reader_waiting, until);
       std::size_t n = std::min<std::uint64_t>(available, size);
       ring::copy_out(in_data_, capacity_, tail, p, n);
       in_->tail.store(tail + n, std::memory_order_seq_cst);
@@ -155,8 +157,8 @@ public:
       return;
     out_->writer_closed.store(1, std::memory_order_seq_cst);
     in_->reader_closed.store(1, std::memory_order_seq_cst);
-    for (auto* w : {&out_->data_seq, &out_->space_seq, &in_->data_seq,
-                    &in_->space_seq}) {
+    for (auto* w :
+         {&out_->data_seq, &out_->space_seq, &in_->data_seq, &in_->space_seq}) {
       w->fetch_add(1, std::memory_order_seq_cst);
       futex_wake(w);
     }
@@ -172,7 +174,8 @@ private:
   template <class Ready>
   void wait(Ready&& ready, std::atomic<std::uint32_t>& seq,
             std::atomic<std::uint32_t>& flag, std::optional<deadline> until) {
-    if (spin_until([&] { return check_shut(), ready(); }, spin_budget))
+    if (spin_until([&] { return check_shut(), ready(); },
+                   spin_budget(spin_wanted)))
       return;
     for (;;) {
       std::uint32_t seen = seq.load(std::memory_order_seq_cst);
@@ -205,8 +208,7 @@ private:
 
   void check_shut() const {
     if (shut_.load(std::memory_order_relaxed))
-      throw transport_error(transport_errc::cancelled,
-                            "shm link was closed");
+      throw transport_error(transport_errc::cancelled, "shm link was closed");
   }
 
   void* map_;
@@ -220,7 +222,8 @@ private:
   std::atomic<bool> shut_{false};
 };
 
-// -- fd passing -------------------------------------------------------------------
+// -- fd passing
+// -------------------------------------------------------------------
 
 void send_fd(int socket, int fd, std::uint64_t capacity) {
   msghdr msg{};
@@ -281,17 +284,18 @@ sockaddr_un abstract_address(const std::string& name, socklen_t& len) {
   // Abstract namespace: a leading NUL, no file system entry to clean up.
   std::memcpy(addr.sun_path + 1, name.data(),
               std::min(name.size(), sizeof(addr.sun_path) - 2));
-  len = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 +
-                               name.size());
+  len =
+    static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + name.size());
   return addr;
 }
 
-// -- the backend --------------------------------------------------------------------
+// -- the backend
+// --------------------------------------------------------------------
 
 class shm_backend final : public backend {
 public:
   explicit shm_backend(const endpoint_options& options)
-    : ring_bytes_(options.shm_ring_bytes) {}
+      : ring_bytes_(options.shm_ring_bytes) {}
 
   ~shm_backend() override { stop(); }
 
@@ -303,9 +307,9 @@ public:
            a.host_id == b.host_id;
   }
 
-  void start(endpoint_address& local,
-             std::function<void(std::unique_ptr<byte_link>)> on_connection)
-    override {
+  void start(
+    endpoint_address& local,
+    std::function<void(std::unique_ptr<byte_link>)> on_connection) override {
     unsigned char rnd[8];
     RAND_bytes(rnd, sizeof(rnd));
     char hex[17];
@@ -369,9 +373,8 @@ public:
     int fd = -1;
     if (acceptor) {
       fd = ::memfd_create("h2-shm", MFD_CLOEXEC);
-      if (fd < 0 ||
-          ::ftruncate(fd, static_cast<off_t>(control_bytes + 2 * capacity)) !=
-            0)
+      if (fd < 0 || ::ftruncate(fd, static_cast<off_t>(control_bytes +
+                                                       2 * capacity)) != 0)
         throw transport_error(transport_errc::peer_closed,
                               std::string("shm: cannot create a segment: ") +
                                 std::strerror(errno));

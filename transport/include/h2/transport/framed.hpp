@@ -117,6 +117,8 @@ private:
 
   std::unique_ptr<byte_link> link_;
   framed_options options_;
+  /// Where received tensors' bytes go (buffers reused once freed).
+  std::shared_ptr<class receive_pool> pool_;
   mailbox inbox_;
   std::mutex write_mutex_;
   std::atomic<bool> closed_{false};
