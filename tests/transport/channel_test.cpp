@@ -216,6 +216,30 @@ TEST_P(transport_channel, large_tensor_arrives_intact) {
   }
 }
 
+TEST_P(transport_channel, held_tensors_keep_their_values) {
+  // Receive buffers are reused once freed (framed.cpp's receive_pool): a
+  // tensor the receiver still holds must never be written again, and a
+  // freed one may be taken by the next message of its size.
+  constexpr std::int64_t n = 256 * 1024; // 1 MiB of fp32
+  std::vector<at::Tensor> held;
+  for (int i = 0; i < 4; ++i) {
+    a_->send(tensor_message(8, at::full({n}, static_cast<float>(i))));
+    held.push_back(b_->recv(8, patience).tensor);
+  }
+  for (int round = 0; round < 3; ++round) {
+    held.erase(held.begin()); // free the oldest: its buffer may be reused
+    a_->send(tensor_message(8, at::full({n}, 100.0f + round)));
+    held.push_back(b_->recv(8, patience).tensor);
+  }
+  std::vector<float> expected = {3, 100, 101, 102};
+  ASSERT_EQ(held.size(), expected.size());
+  for (std::size_t i = 0; i < held.size(); ++i)
+    EXPECT_TRUE(held[i].equal(at::full({n}, expected[i]))) << "tensor " << i;
+  // In-place updates of a received tensor stay its own.
+  held[1].add_(1);
+  EXPECT_TRUE(held[2].equal(at::full({n}, 101.0f)));
+}
+
 TEST_P(transport_channel, many_in_flight_from_two_threads) {
   constexpr int n = 3000;
   constexpr int tags = 4;
