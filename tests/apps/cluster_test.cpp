@@ -134,21 +134,28 @@ protected:
     return r;
   }
 
-  /// Starts a long run of the small job over two nodes and waits for its
-  /// first steps; the test then fails a node.
-  std::unique_ptr<child_process> start_long_run() {
+  /// Runs the small job over two nodes, sends `sig` to node `rank` once a
+  /// few steps are logged, and returns h2-launch's stderr after checking
+  /// that the run ended with exit code 3 (a lost peer).
+  std::string fail_node(int rank, int sig) {
     auto job = dir_.write("job.toml", small_job);
-    auto child = std::make_unique<child_process>(
-      launch_binary,
-      std::vector<std::string>{job.string(), "--nodes", "2", "--steps",
-                               "1000000", "--no-metrics", "--json-log",
-                               (dir_ / "log.jsonl").string()},
-      dir_ / "stdout.txt", dir_ / "stderr.txt");
-    EXPECT_TRUE(child->wait_until(
+    child_process child(launch_binary,
+                        {job.string(), "--nodes", "2", "--steps", "1000000",
+                         "--no-metrics", "--json-log",
+                         (dir_ / "log.jsonl").string()},
+                        dir_ / "stdout.txt", dir_ / "stderr.txt");
+    EXPECT_TRUE(child.wait_until(
       [&] { return logged_steps(read_text(dir_ / "log.jsonl")) >= 3; },
       run_timeout))
-      << child->err();
-    return child;
+      << child.err();
+    pid_t victim = node_pid(child.pid(), rank);
+    EXPECT_GT(victim, 0) << "no h2-node of rank " << rank;
+    if (victim > 0)
+      ::kill(victim, sig);
+    auto status = child.wait(run_timeout);
+    EXPECT_TRUE(status.exited && status.code == 3) << status.describe() << "\n"
+                                                   << child.err();
+    return child.err();
   }
 
   scratch_dir dir_;
@@ -211,18 +218,7 @@ chips = ["emulated:h100-sxm", "emulated:mi250x",
 TEST_F(apps_cluster, replicas_on_two_nodes_equal_the_single_process_run) {
   // One pipeline per node: the gradients are all-reduced over shm.
   auto job = dir_.write("job.toml", small_job);
-  auto plan = dir_.write("plan.json", R"({
-  "format": "h2-plan", "version": 1, "schedule": "1f1b",
-  "replicas": [
-    {"micro_batch_size": 2, "micro_batches": 2,
-     "stages": [{"chip": "0:0", "layers": [0, 4]},
-                {"chip": "0:1", "layers": [4, 6]}]},
-    {"micro_batch_size": 1, "micro_batches": 4,
-     "stages": [{"chip": "1:0", "layers": [0, 1]},
-                {"chip": "1:1", "layers": [1, 6]}]}
-  ]
-}
-)");
+  auto plan = dir_.write("plan.json", two_replica_plan);
   for (const std::string nodes : {"1", "2"}) {
     std::vector<std::string> args = {
       job.string(),  "--plan",
@@ -241,14 +237,8 @@ TEST_F(apps_cluster, replicas_on_two_nodes_equal_the_single_process_run) {
 }
 
 TEST_F(apps_cluster, killed_node_is_reported_by_every_survivor) {
-  auto child = start_long_run();
-  pid_t victim = node_pid(child->pid(), 1);
-  ASSERT_GT(victim, 0);
-  ::kill(victim, SIGKILL);
-  auto status = child->wait(run_timeout);
-  ASSERT_TRUE(status.exited) << status.describe();
-  EXPECT_EQ(status.code, 3) << child->err();
-  auto err = child->err();
+  auto err = fail_node(1, SIGKILL);
+  ASSERT_FALSE(HasFailure());
   EXPECT_NE(err.find("node 1 (chips 1:0, 1:1) is gone"), std::string::npos)
     << err;
   EXPECT_NE(err.find("h2-launch: node 1 was killed by signal 9\n"),
@@ -260,14 +250,8 @@ TEST_F(apps_cluster, killed_node_is_reported_by_every_survivor) {
 }
 
 TEST_F(apps_cluster, stalled_node_is_detected_and_killed) {
-  auto child = start_long_run();
-  pid_t victim = node_pid(child->pid(), 1);
-  ASSERT_GT(victim, 0);
-  ::kill(victim, SIGSTOP);
-  auto status = child->wait(run_timeout);
-  ASSERT_TRUE(status.exited) << status.describe();
-  EXPECT_EQ(status.code, 3) << child->err();
-  auto err = child->err();
+  auto err = fail_node(1, SIGSTOP);
+  ASSERT_FALSE(HasFailure());
   EXPECT_NE(err.find("node 1 (chips 1:0, 1:1) stalled: no heartbeat for 5 s"),
             std::string::npos)
     << err;
@@ -277,14 +261,8 @@ TEST_F(apps_cluster, stalled_node_is_detected_and_killed) {
 }
 
 TEST_F(apps_cluster, stalled_coordinator_is_detected_by_the_other_nodes) {
-  auto child = start_long_run();
-  pid_t victim = node_pid(child->pid(), 0);
-  ASSERT_GT(victim, 0);
-  ::kill(victim, SIGSTOP);
-  auto status = child->wait(run_timeout);
-  ASSERT_TRUE(status.exited) << status.describe();
-  EXPECT_EQ(status.code, 3) << child->err();
-  auto err = child->err();
+  auto err = fail_node(0, SIGSTOP);
+  ASSERT_FALSE(HasFailure());
   EXPECT_NE(err.find("[node 1] h2-node: training failed (peer lost): the "
                      "coordinator (node 0, chips 0:0, 0:1) stalled"),
             std::string::npos)

@@ -65,6 +65,21 @@ stages = ["0:0", "0:1", "1:0"]
 layers = [2, 3, 1]
 )";
 
+/// Data parallelism over two heterogeneous pipelines of small_job, one per
+/// node: 0:0 + 0:1 with 2 micro-batches of 2, 1:0 + 1:1 with 4 of 1.
+inline const std::string two_replica_plan = R"({
+  "format": "h2-plan", "version": 1, "schedule": "1f1b",
+  "replicas": [
+    {"micro_batch_size": 2, "micro_batches": 2,
+     "stages": [{"chip": "0:0", "layers": [0, 4]},
+                {"chip": "0:1", "layers": [4, 6]}]},
+    {"micro_batch_size": 1, "micro_batches": 4,
+     "stages": [{"chip": "1:0", "layers": [0, 1]},
+                {"chip": "1:1", "layers": [1, 6]}]}
+  ]
+}
+)";
+
 /// `text` with its one occurrence of `from` replaced by `to`; a test
 /// failure when `from` does not occur exactly once (the base job changed).
 inline std::string replaced(const std::string& text, const std::string& from,

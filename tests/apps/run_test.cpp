@@ -306,18 +306,7 @@ TEST_F(apps_plan, two_heterogeneous_replicas_train) {
   // Data parallelism over two heterogeneous pipelines (DESIGN.md: replicas
   // may differ in chips and micro-batch counts).
   auto job = dir_.write("job.toml", small_job);
-  auto plan = dir_.write("plan.json", R"({
-  "format": "h2-plan", "version": 1, "schedule": "1f1b",
-  "replicas": [
-    {"micro_batch_size": 2, "micro_batches": 2,
-     "stages": [{"chip": "0:0", "layers": [0, 4]},
-                {"chip": "0:1", "layers": [4, 6]}]},
-    {"micro_batch_size": 1, "micro_batches": 4,
-     "stages": [{"chip": "1:0", "layers": [0, 1]},
-                {"chip": "1:1", "layers": [1, 6]}]}
-  ]
-}
-)");
+  auto plan = dir_.write("plan.json", two_replica_plan);
   auto r = run_to_end(launch_binary,
                       {job.string(), "--plan", plan.string(), "--steps", "3"},
                       dir_, std::chrono::seconds(60));
