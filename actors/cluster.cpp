@@ -18,7 +18,6 @@
 #include <openssl/evp.h>
 #include <openssl/rand.h>
 
-#include <cstdio>
 #include <map>
 #include <thread>
 #include <unistd.h>
