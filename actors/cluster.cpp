@@ -579,6 +579,7 @@ node_outcome cluster_node::run() {
   eo.secret = options_.secret;
   eo.framing.crc = job.transport.crc;
   eo.shm_ring_bytes = job.transport.shm_ring_bytes;
+  eo.shm_heap_bytes = job.transport.shm_heap_bytes;
   eo.backends = transport::available_backends();
   shared_->endpoint = std::make_unique<transport::endpoint>(eo);
 

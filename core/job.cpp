@@ -525,6 +525,8 @@ void read_transport(table_reader& root, job_config& job) {
   tr.crc = t->optional<bool>("crc", tr.crc);
   tr.shm_ring_bytes = static_cast<std::uint64_t>(
     number_in(*t, "shm_ring_mb", 16, 0, 1 << 20, true) * (1 << 20));
+  tr.shm_heap_bytes = static_cast<std::uint64_t>(
+    number_in(*t, "shm_heap_mb", 256, 0, 1 << 20) * (1 << 20));
   tr.bucket_bytes = static_cast<std::uint64_t>(
     number_in(*t, "bucket_mb", 25, 0, 1 << 20, true) * (1 << 20));
   tr.reduce_dtype = enum_value(*t, "reduce_dtype", tr.reduce_dtype,

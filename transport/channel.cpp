@@ -44,19 +44,30 @@ void pending_message::state::fail(const transport_error& e) {
 message pending_message::get(std::chrono::duration<double> timeout) {
   H2_ENFORCE(state_ != nullptr, "pending_message used twice");
   auto s = std::move(state_);
-  // wait_for() adds the timeout to the steady clock in integer ticks; a
-  // timeout of centuries would overflow into an instant timeout, so longer
-  // waits are capped at 100 years ("wait").
+  // A timeout of centuries would overflow the steady clock; longer waits
+  // are capped at 100 years ("wait").
   constexpr std::chrono::duration<double> longest =
     std::chrono::hours(24 * 365 * 100);
-  // Spin briefly before sleeping: a message that is about to arrive (shm,
-  // a neighbour finishing its op) is then taken without a thread wake-up.
-  spin_until([&] { return s->done.load(std::memory_order_acquire); },
-             spin_budget(std::chrono::microseconds(20)));
+  const auto until =
+    std::chrono::steady_clock::now() +
+    std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+      std::min(timeout, longest));
+  if (s->progress) {
+    // The channel lets this thread read arrived messages itself.
+    s->progress->wait(s->done, until);
+  } else {
+    // Spin briefly before sleeping, where cores allow: a message about to
+    // arrive is then taken without a thread wake-up.
+    spin_until([&] { return s->done.load(std::memory_order_acquire); },
+               spin_budget(std::chrono::microseconds(20)));
+  }
   std::unique_lock<std::mutex> lock(s->mutex);
-  bool done = s->ready.wait_for(lock, std::min(timeout, longest), [&] {
+  auto arrived = [&] {
     return s->value.has_value() || s->failure.has_value();
-  });
+  };
+  bool done = arrived();
+  if (!done && !s->progress)
+    done = s->ready.wait_until(lock, until, arrived);
   if (!done) {
     // Mark it ended so a message arriving later is queued for the next
     // receive of the tag instead of being delivered into the void.
@@ -75,6 +86,8 @@ message pending_message::get(std::chrono::duration<double> timeout) {
 bool pending_message::ready() const {
   if (!state_)
     return false;
+  if (state_->progress && !state_->done.load(std::memory_order_acquire))
+    state_->progress->poll();
   std::lock_guard<std::mutex> guard(state_->mutex);
   return state_->value.has_value() || state_->failure.has_value();
 }

@@ -1,6 +1,7 @@
 #include "h2/transport/framed.hpp"
 
 #include "h2/transport/crc32c.hpp"
+#include "h2/transport/spin.hpp"
 
 #include <ATen/ops/empty.h>
 #include <ATen/ops/from_blob.h>
@@ -14,9 +15,25 @@
 #include <fstream>
 #include <map>
 #include <mutex>
+#include <shared_mutex>
 #include <sstream>
 
 namespace h2::transport {
+
+// -- links: what a backend may leave out
+// ---------------------------------------------------------------
+
+std::optional<wire::placement> byte_link::place(buffer_view) {
+  return std::nullopt;
+}
+
+byte_link::adopted_payload byte_link::adopt(const wire::placement&) {
+  throw transport_error(transport_errc::corrupt_frame,
+                        "corrupt frame: " + std::string(backend()) + " peer " +
+                          peer() +
+                          " placed a payload outside the stream, which " +
+                          std::string(backend()) + " links never do");
+}
 
 // -- the job's secret
 // ----------------------------------------------------------
@@ -311,6 +328,288 @@ private:
   std::size_t free_bytes_ = 0;
 };
 
+// -- receiving frames
+// ------------------------------------------------------------
+
+/// Turns the link's bytes into messages, one frame at a time, resumably: it
+/// reads what the link has, keeps a partly read frame for the next call and
+/// delivers every completed one. Over a polled_link, waiting receives drive
+/// it (receive_progress) and the channel's reader thread only drains what
+/// nobody waits for; over any other link the reader thread blocks in read().
+class framed_channel::receiver final : public receive_progress {
+public:
+  receiver(byte_link& link, mailbox& inbox, framed_options options)
+      : link_(&link),
+        polled_(dynamic_cast<polled_link*>(&link)),
+        inbox_(&inbox),
+        options_(options),
+        pool_(std::make_shared<receive_pool>()) {
+    expect_header();
+  }
+
+  /// Whether receives may read frames themselves.
+  bool polled() const noexcept { return polled_ != nullptr; }
+
+  void poll() noexcept override {
+    std::unique_lock<std::mutex> lock(mutex_, std::try_to_lock);
+    if (lock.owns_lock() && link_ != nullptr && !ended_)
+      take_arrived();
+  }
+
+  void wait(const std::atomic<bool>& done,
+            std::chrono::steady_clock::time_point until) noexcept override {
+    using clock = std::chrono::steady_clock;
+    auto is_done = [&] {
+      return done.load(std::memory_order_acquire);
+    };
+    const auto start = clock::now();
+    // Poll first: a message about to arrive is taken without any thread
+    // wake-up or system call. Only this thread spins (the reader thread
+    // sleeps), so this pays on two cores too.
+    spin_until(
+      [&] {
+        if (is_done())
+          return true;
+        poll();
+        return is_done();
+      },
+      std::min<clock::duration>(spin_.budget(), until - start));
+    while (!is_done() && clock::now() < until)
+      sleep_and_take(done, until);
+    if (is_done())
+      spin_.observe(clock::now() - start);
+  }
+
+  /// The reader thread over a polled_link: drains when the writer needs
+  /// room or once per liveness interval, until the link ends.
+  void serve_polled() {
+    for (;;) {
+      try {
+        polled_->wait_drain();
+      } catch (const transport_error& e) {
+        std::lock_guard<std::mutex> guard(mutex_);
+        fail(e);
+        return;
+      }
+      std::lock_guard<std::mutex> guard(mutex_);
+      if (!ended_)
+        take_arrived();
+      if (ended_)
+        return;
+    }
+  }
+
+  /// The reader thread over any other link: blocks in read() until the link
+  /// ends.
+  void serve_blocking() {
+    std::lock_guard<std::mutex> guard(mutex_);
+    take([this](void* p, std::size_t n) {
+      link_->read(p, n);
+      return n;
+    });
+  }
+
+  /// The channel is going away with its link: later calls do nothing.
+  void detach() noexcept {
+    std::unique_lock<std::shared_mutex> alive(link_alive_);
+    std::lock_guard<std::mutex> guard(mutex_);
+    link_ = nullptr;
+    polled_ = nullptr;
+  }
+
+private:
+  enum class phase { header, placement, payload };
+
+  /// Sleeps on the link until it has bytes, `done` is set or `until`, then
+  /// takes what arrived.
+  void sleep_and_take(const std::atomic<bool>& done,
+                      std::chrono::steady_clock::time_point until) noexcept {
+    std::shared_lock<std::shared_mutex> alive(link_alive_);
+    if (link_ == nullptr)
+      return;
+    std::optional<transport_error> failure;
+    waiters_.fetch_add(1);
+    try {
+      const std::uint32_t seen = polled_->wake_count();
+      if (!done.load())
+        polled_->wait_readable(seen, until);
+    } catch (const transport_error& e) {
+      if (e.code() != transport_errc::timeout) // the receive's own timeout
+        failure = e;
+    }
+    waiters_.fetch_sub(1);
+    // Woken to read: wait for a thread that is reading now rather than spin.
+    std::lock_guard<std::mutex> guard(mutex_);
+    if (failure)
+      fail(*failure);
+    else if (link_ != nullptr && !ended_)
+      take_arrived();
+  }
+
+  /// take() of what a polled_link has now. Requires mutex_.
+  void take_arrived() noexcept {
+    take([this](void* p, std::size_t n) { return polled_->read_some(p, n); });
+  }
+
+  /// Reads through `fill` (how many bytes it put into a buffer; 0 when none
+  /// are there) and delivers every frame completed, until `fill` has no more
+  /// or the link failed. Requires mutex_.
+  template <class Fill>
+  void take(Fill&& fill) noexcept {
+    try {
+      for (;;) {
+        if (have_ < need_) {
+          have_ += fill(into_ + have_, need_ - have_);
+          if (have_ < need_)
+            return;
+        }
+        next();
+      }
+    } catch (const transport_error& e) {
+      fail(e);
+    } catch (const std::exception& e) {
+      fail(transport_error(transport_errc::corrupt_frame,
+                           std::string("receiving from ") + link_->peer() +
+                             ": " + e.what()));
+    }
+  }
+
+  /// The part of the frame being read is complete: start the next part, or
+  /// deliver the message and expect the next header.
+  void next() {
+    switch (phase_) {
+      case phase::header:
+        return start_frame();
+      case phase::placement:
+        return adopt_payload();
+      case phase::payload:
+        return finish_frame(into_);
+    }
+  }
+
+  void start_frame() {
+    header_ = wire::decode(header_bytes_, options_.max_payload_bytes);
+    if (header_.kind == wire::frame_kind::goodbye)
+      throw transport_error(transport_errc::peer_closed,
+                            "peer " + link_->peer() + " closed the channel");
+    if (header_.kind != wire::frame_kind::data)
+      throw transport_error(transport_errc::corrupt_frame,
+                            "corrupt frame: unexpected handshake from " +
+                              link_->peer());
+    message_ = message{};
+    message_.tag = header_.tag;
+    message_.sent = {header_.virtual_clock, header_.wall_clock};
+    if ((header_.flags & wire::flag::placed) != 0) {
+      expect(phase::placement, placement_bytes_, wire::placement_bytes);
+      return;
+    }
+    std::byte* into = nullptr;
+    if ((header_.flags & wire::flag::tensor) != 0) {
+      message_.tensor =
+        pool_->take(shape(), scalar_type_of(header_.dtype),
+                    static_cast<std::size_t>(header_.payload_bytes));
+      into = static_cast<std::byte*>(message_.tensor.data_ptr());
+    } else {
+      message_.bytes.resize(header_.payload_bytes);
+      into = message_.bytes.data();
+    }
+    expect(phase::payload, into, header_.payload_bytes);
+  }
+
+  void adopt_payload() {
+    auto where =
+      wire::decode_placement(placement_bytes_, header_.payload_bytes);
+    auto payload = link_->adopt(where);
+    try {
+      message_.tensor = at::from_blob(
+        payload.data, shape(),
+        [release = payload.release](void*) { release(); },
+        at::TensorOptions().dtype(scalar_type_of(header_.dtype)));
+    } catch (...) {
+      payload.release();
+      throw;
+    }
+    finish_frame(static_cast<std::byte*>(payload.data));
+  }
+
+  void finish_frame(const std::byte* payload) {
+    if ((header_.flags & wire::flag::payload_crc) != 0 &&
+        crc32c(payload, header_.payload_bytes) != header_.payload_crc)
+      throw transport_error(transport_errc::corrupt_frame,
+                            "corrupt frame: payload checksum mismatch from " +
+                              link_->peer());
+    inbox_->deliver(std::move(message_));
+    expect_header();
+    // A receive asleep on the link may have just been given its message:
+    // wake it (Dekker with wait(): its waiters_ before its check of done).
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+    if (polled_ != nullptr && waiters_.load() > 0)
+      polled_->nudge();
+  }
+
+  std::vector<std::int64_t> shape() const {
+    return {header_.shape.begin(), header_.shape.begin() + header_.ndim};
+  }
+
+  void expect(phase p, std::byte* into, std::uint64_t bytes) {
+    phase_ = p;
+    into_ = into;
+    have_ = 0;
+    need_ = static_cast<std::size_t>(bytes);
+  }
+
+  void expect_header() {
+    expect(phase::header, header_bytes_, wire::header_bytes);
+  }
+
+  /// The link failed or ended: the channel's receives fail with `e` (a
+  /// stream that ends inside a frame is a truncated frame), and the link is
+  /// ended so that the peer learns of it too. Requires mutex_.
+  void fail(const transport_error& e) noexcept {
+    if (ended_)
+      return;
+    ended_ = true;
+    bool inside_frame = phase_ != phase::header || have_ > 0;
+    if (e.code() == transport_errc::peer_closed && inside_frame)
+      inbox_->fail(transport_error(
+        transport_errc::corrupt_frame,
+        "corrupt frame: " + (link_ ? link_->peer() : std::string("peer")) +
+          " ended the stream inside a frame (" + e.what() + ")"));
+    else
+      inbox_->fail(e);
+    if (link_ != nullptr)
+      link_->shutdown();
+  }
+
+  byte_link* link_;     ///< null once detached
+  polled_link* polled_; ///< link_, when it is one
+  mailbox* inbox_;      ///< valid while link_ is
+  framed_options options_;
+  /// Where received tensors' bytes go (buffers reused once freed).
+  std::shared_ptr<receive_pool> pool_;
+  /// Held (shared) by receives asleep on the link, so detach() waits for
+  /// them; taken before mutex_.
+  std::shared_mutex link_alive_;
+  /// Held by whoever reads frames: the reader thread or a receive.
+  std::mutex mutex_;
+  /// Receives asleep on the link.
+  std::atomic<int> waiters_{0};
+  /// How long receives poll before they sleep on the link.
+  adaptive_spin spin_{std::chrono::microseconds(50),
+                      std::chrono::microseconds(500)};
+  bool ended_ = false;
+
+  // The frame being read.
+  phase phase_ = phase::header;
+  std::byte* into_ = nullptr;
+  std::size_t have_ = 0;
+  std::size_t need_ = 0;
+  std::byte header_bytes_[wire::header_bytes];
+  std::byte placement_bytes_[wire::placement_bytes];
+  wire::frame_header header_;
+  message message_;
+};
+
 // -- the channel
 // ---------------------------------------------------------------
 
@@ -318,7 +617,9 @@ framed_channel::framed_channel(std::unique_ptr<byte_link> link,
                                framed_options options)
     : link_(std::move(link)),
       options_(options),
-      pool_(std::make_shared<receive_pool>()) {
+      receiver_(std::make_shared<receiver>(*link_, inbox_, options)) {
+  if (receiver_->polled())
+    inbox_.set_progress(receiver_);
   reader_ = std::thread([this] { read_loop(); });
 }
 
@@ -326,6 +627,9 @@ framed_channel::~framed_channel() {
   close();
   if (reader_.joinable())
     reader_.join();
+  // Receives still waiting hold the receiver: cut it off from the link
+  // before the link goes.
+  receiver_->detach();
 }
 
 std::string_view framed_channel::backend() const noexcept {
@@ -368,12 +672,23 @@ void framed_channel::send(message m) {
     h.flags |= wire::flag::payload_crc;
     h.payload_crc = crc32c(payload, h.payload_bytes);
   }
+  const buffer_view body{payload, static_cast<std::size_t>(h.payload_bytes)};
   std::byte header[wire::header_bytes];
-  wire::encode(h, header);
   {
     std::lock_guard<std::mutex> guard(write_mutex_);
-    link_->write({{header, sizeof(header)},
-                  {payload, static_cast<std::size_t>(h.payload_bytes)}});
+    std::optional<wire::placement> placed;
+    if (t.defined() && body.size > 0)
+      placed = link_->place(body);
+    if (placed) {
+      h.flags |= wire::flag::placed;
+      wire::encode(h, header);
+      std::byte record[wire::placement_bytes];
+      wire::encode(*placed, record);
+      link_->write({{header, sizeof(header)}, {record, sizeof(record)}});
+    } else {
+      wire::encode(h, header);
+      link_->write({{header, sizeof(header)}, body});
+    }
   }
   messages_sent_ += 1;
   bytes_sent_ += h.payload_bytes;
@@ -396,61 +711,10 @@ channel_stats framed_channel::stats() const {
 }
 
 void framed_channel::read_loop() {
-  try {
-    for (;;) {
-      std::byte header[wire::header_bytes];
-      link_->read(header, sizeof(header));
-      auto h = wire::decode(header, options_.max_payload_bytes);
-      if (h.kind == wire::frame_kind::goodbye)
-        throw transport_error(transport_errc::peer_closed,
-                              "peer " + link_->peer() + " closed the channel");
-      if (h.kind != wire::frame_kind::data)
-        throw transport_error(transport_errc::corrupt_frame,
-                              "corrupt frame: unexpected handshake from " +
-                                link_->peer());
-      message m;
-      m.tag = h.tag;
-      m.sent = {h.virtual_clock, h.wall_clock};
-      void* into = nullptr;
-      if ((h.flags & wire::flag::tensor) != 0) {
-        std::vector<std::int64_t> shape(h.shape.begin(),
-                                        h.shape.begin() + h.ndim);
-        m.tensor = pool_->take(shape, scalar_type_of(h.dtype),
-                               static_cast<std::size_t>(h.payload_bytes));
-        into = m.tensor.data_ptr();
-      } else {
-        m.bytes.resize(h.payload_bytes);
-        into = m.bytes.data();
-      }
-      try {
-        link_->read(into, h.payload_bytes);
-      } catch (const transport_error& e) {
-        if (e.code() != transport_errc::peer_closed)
-          throw;
-        throw transport_error(transport_errc::corrupt_frame,
-                              "corrupt frame: " + link_->peer() +
-                                " ended the stream inside a frame (" +
-                                e.what() + ")");
-      }
-      if ((h.flags & wire::flag::payload_crc) != 0 &&
-          crc32c(into, h.payload_bytes) != h.payload_crc)
-        throw transport_error(transport_errc::corrupt_frame,
-                              "corrupt frame: payload checksum mismatch from " +
-                                link_->peer());
-      inbox_.deliver(std::move(m));
-    }
-  } catch (const transport_error& e) {
-    if (!closed_.load())
-      inbox_.fail(e);
-  } catch (const std::exception& e) {
-    if (!closed_.load())
-      inbox_.fail(transport_error(transport_errc::corrupt_frame,
-                                  std::string("receiving from ") +
-                                    link_->peer() + ": " + e.what()));
-  }
-  // A corrupt frame leaves the stream unusable: end the link so the peer
-  // learns of it too.
-  link_->shutdown();
+  if (receiver_->polled())
+    receiver_->serve_polled();
+  else
+    receiver_->serve_blocking();
 }
 
 } // namespace h2::transport

@@ -47,6 +47,7 @@ pending_message mailbox::receive(std::uint64_t tag) {
     // a quiet tag does not grow the list.
     auto& ws = waiters_[tag];
     std::erase_if(ws, [](const waiter& w) { return w->ended(); });
+    s->progress = progress_;
     ws.push_back(s);
   }
   return pending_message(std::move(s));
@@ -74,6 +75,11 @@ void mailbox::cancel(const std::string& why) {
       w->fail(*failure_);
   waiters_.clear();
   queued_.clear();
+}
+
+void mailbox::set_progress(std::shared_ptr<receive_progress> p) {
+  std::lock_guard<std::mutex> guard(mutex_);
+  progress_ = std::move(p);
 }
 
 std::optional<transport_error> mailbox::failure() const {

@@ -110,6 +110,8 @@ frame_header decode(const std::byte* in, std::uint64_t max_payload_bytes) {
   if ((h.flags & flag::tensor) == 0) {
     if (h.ndim != 0 || dtype != 0)
       corrupt("byte payload with a tensor shape");
+    if ((h.flags & flag::placed) != 0)
+      corrupt("a placed byte payload");
     return h;
   }
   h.dtype = static_cast<dtype_code>(dtype);
@@ -137,6 +139,19 @@ frame_header decode(const std::byte* in, std::uint64_t max_payload_bytes) {
   if (numel * elem != h.payload_bytes)
     corrupt("tensor shape does not match the payload size");
   return h;
+}
+
+void encode(const placement& p, std::byte* out) noexcept {
+  put<std::uint64_t>(out, 0, p.offset);
+  put<std::uint64_t>(out, 8, p.bytes);
+}
+
+placement decode_placement(const std::byte* in, std::uint64_t payload_bytes) {
+  placement p{get<std::uint64_t>(in, 0), get<std::uint64_t>(in, 8)};
+  if (p.bytes != payload_bytes)
+    corrupt("placement of " + std::to_string(p.bytes) +
+            " bytes for a payload of " + std::to_string(payload_bytes));
+  return p;
 }
 
 void encode(const hello_payload& h, std::byte* out) noexcept {

@@ -217,6 +217,8 @@ chips = ["cpu", "emulated:h100-sxm", "emulated:v100-sxm2-32gb"]
   EXPECT_EQ(job.metrics.port, 0);
   EXPECT_EQ(job.metrics.bind, "127.0.0.1");
   EXPECT_EQ(job.transport.timeout_seconds, 60);
+  EXPECT_EQ(job.transport.shm_ring_bytes, std::uint64_t{16} << 20);
+  EXPECT_EQ(job.transport.shm_heap_bytes, std::uint64_t{256} << 20);
   EXPECT_NE(job.profiles.find("h100-sxm"), nullptr);
 
   auto chips = job.chips();
@@ -228,6 +230,15 @@ chips = ["cpu", "emulated:h100-sxm", "emulated:v100-sxm2-32gb"]
   EXPECT_EQ(chips[1]->compute_dtype, dtype::bf16);
   // No bf16 on a V100: the default falls back to fp32.
   EXPECT_EQ(chips[2]->compute_dtype, dtype::fp32);
+}
+
+TEST(core_job, transport_section) {
+  job_config job = parse_job(base_job + "\n[transport]\nshm_ring_mb = 0.5\n"
+                                        "shm_heap_mb = 0\ncrc = true\n",
+                             "<string>");
+  EXPECT_EQ(job.transport.shm_ring_bytes, std::uint64_t{512} << 10);
+  EXPECT_EQ(job.transport.shm_heap_bytes, 0u); // every payload streams
+  EXPECT_TRUE(job.transport.crc);
 }
 
 TEST(core_job, min_lr_default_never_exceeds_lr) {
@@ -621,6 +632,16 @@ const bad_job bad_jobs[] = {
    edit(acme_profile, {{"[profiles.acme-x1]", "[profiles.h100-sxm]"}}),
    "profiles.h100-sxm",
    {"'h100-sxm' already exists"}},
+  {"zero_shm_ring",
+   {},
+   "\n[transport]\nshm_ring_mb = 0\n",
+   "transport.shm_ring_mb",
+   {"(0, 1.04858e+06]", "got 0"}},
+  {"negative_shm_heap",
+   {},
+   "\n[transport]\nshm_heap_mb = -1\n",
+   "transport.shm_heap_mb",
+   {"[0, 1.04858e+06]", "got -1"}},
   {"profile_not_a_table",
    {},
    "\n[profiles]\nacme = 1\n",

@@ -301,6 +301,43 @@ TEST(transport_frames, other_protocol_version_is_refused_by_the_dialer) {
   acceptor.join();
 }
 
+TEST(transport_frames, a_placed_payload_where_links_never_place_is_corrupt) {
+  raw_peer p; // a socket link: payloads always follow their header
+  wire::frame_header h;
+  h.tag = 1;
+  h.flags = wire::flag::tensor | wire::flag::placed;
+  h.dtype = wire::dtype_code::float32;
+  h.ndim = 1;
+  h.shape[0] = 1 << 16;
+  h.payload_bytes = 4 << 16;
+  auto bytes = header_of(h);
+  std::byte record[wire::placement_bytes];
+  wire::encode(wire::placement{0, h.payload_bytes}, record);
+  auto waiting = p.ch->recv_async(1);
+  p.write(bytes.data(), bytes.size());
+  p.write(record, sizeof(record));
+  EXPECT_EQ(error_of([&] { waiting.get(10s); }),
+            transport_errc::corrupt_frame);
+}
+
+TEST(transport_frames, placement_records_are_checked) {
+  std::byte record[wire::placement_bytes];
+  wire::encode(wire::placement{1 << 20, 4096}, record);
+  auto back = wire::decode_placement(record, 4096);
+  EXPECT_EQ(back.offset, 1u << 20);
+  EXPECT_EQ(back.bytes, 4096u);
+  // A record for another payload size is a corrupt frame.
+  EXPECT_EQ(error_of([&] { wire::decode_placement(record, 4095); }),
+            transport_errc::corrupt_frame);
+  // Only tensors are placed.
+  wire::frame_header h;
+  h.flags = wire::flag::placed;
+  h.payload_bytes = 4096;
+  auto bytes = header_of(h);
+  EXPECT_EQ(error_of([&] { wire::decode(bytes.data(), 1 << 20); }),
+            transport_errc::corrupt_frame);
+}
+
 TEST(transport_frames, wire_header_round_trips) {
   wire::frame_header h;
   h.kind = wire::frame_kind::data;

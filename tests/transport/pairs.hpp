@@ -11,6 +11,7 @@
 #include "h2/transport/rdma/channel.hpp"
 #endif
 
+#include <functional>
 #include <future>
 #include <memory>
 #include <string>
@@ -69,12 +70,21 @@ inline std::string unavailable(const std::string& backend) {
   return "";
 }
 
-/// A pair over `backend` ("inproc", "shm", "tcp", "rdma").
-inline channel_pair make_pair_over(const std::string& backend) {
+/// A pair over `backend` ("inproc", "shm", "tcp", "rdma"); `tweak`, when
+/// given, changes both endpoints' options first.
+inline channel_pair
+make_pair_over(const std::string& backend,
+               const std::function<void(endpoint_options&)>& tweak = {}) {
   if (backend == "inproc")
     return inproc::make_pair();
-  endpoint a(options_for(0, backend));
-  endpoint b(options_for(1, backend));
+  auto a_options = options_for(0, backend);
+  auto b_options = options_for(1, backend);
+  if (tweak) {
+    tweak(a_options);
+    tweak(b_options);
+  }
+  endpoint a(a_options);
+  endpoint b(b_options);
   return connect(a, b, backend);
 }
 

@@ -1,5 +1,6 @@
 #include "h2/transport/shm/channel.hpp"
 
+#include "h2/transport/block_heap.hpp"
 #include "h2/transport/ring.hpp"
 #include "h2/transport/socket_link.hpp"
 #include "h2/transport/spin.hpp"
@@ -9,6 +10,7 @@
 #include <climits>
 #include <cstring>
 #include <linux/futex.h>
+#include <mutex>
 #include <openssl/rand.h>
 #include <poll.h>
 #include <sys/mman.h>
@@ -24,9 +26,9 @@ namespace {
 // -- futex on shared memory (no FUTEX_PRIVATE_FLAG: across processes) --------
 
 void futex_wait(std::atomic<std::uint32_t>* word, std::uint32_t expected,
-                std::chrono::milliseconds timeout) {
-  timespec ts{static_cast<time_t>(timeout.count() / 1000),
-              static_cast<long>((timeout.count() % 1000) * 1000000)};
+                std::chrono::nanoseconds timeout) {
+  timespec ts{static_cast<time_t>(timeout.count() / 1000000000),
+              static_cast<long>(timeout.count() % 1000000000)};
   ::syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(word), FUTEX_WAIT,
             expected, &ts, nullptr, 0);
 }
@@ -36,120 +38,276 @@ void futex_wake(std::atomic<std::uint32_t>* word) {
             INT_MAX, nullptr, nullptr, 0);
 }
 
+/// Bumps `seq` and wakes whoever sleeps on it.
+void signal(std::atomic<std::uint32_t>& seq) noexcept {
+  seq.fetch_add(1, std::memory_order_seq_cst);
+  futex_wake(&seq);
+}
+
 // -- the segment --------------------------------------------------------------
 
-/// One direction. Head and tail count bytes since the start; the writer owns
-/// head, the reader tail. A waiting side sets its flag and sleeps on a
-/// sequence word the other side bumps after it moves (an eventcount).
+/// One direction. The ring carries frames: head and tail count bytes since
+/// the start; the writer owns head, the reader tail. Sleepers count
+/// themselves in a `*_waiting` word and sleep on a sequence word the other
+/// side bumps after it moves (an eventcount): receives on data_seq, the
+/// writer on space_seq, the reader's drain thread on drain_seq (bumped when
+/// the writer finds the ring full). Large tensor payloads go to blocks of
+/// the heap instead (block_heap, the writer's); the reader frees a block by
+/// pushing its offset to the free queue: freed_head counts pushes (the
+/// reader's), freed_tail the writer's takes.
 struct ring_control {
   alignas(64) std::atomic<std::uint64_t> head{0};
   alignas(64) std::atomic<std::uint64_t> tail{0};
   alignas(64) std::atomic<std::uint32_t> data_seq{0};
-  std::atomic<std::uint32_t> reader_waiting{0};
+  std::atomic<std::uint32_t> readers_waiting{0};
   alignas(64) std::atomic<std::uint32_t> space_seq{0};
   std::atomic<std::uint32_t> writer_waiting{0};
+  alignas(64) std::atomic<std::uint32_t> drain_seq{0};
   alignas(64) std::atomic<std::uint32_t> writer_closed{0};
   std::atomic<std::uint32_t> reader_closed{0};
+  alignas(64) std::atomic<std::uint64_t> freed_head{0};
+  alignas(64) std::atomic<std::uint64_t> freed_tail{0};
 };
 
-constexpr std::uint64_t segment_magic = 0x6d68735f4432480aULL;
+constexpr std::uint64_t segment_magic = 0x6d68735f4432480bULL;
 constexpr std::size_t control_bytes = 4096;
+
+/// Payloads smaller than this stream through the ring: a second copy of
+/// them costs less than a block's bookkeeping.
+constexpr std::uint64_t min_placed_bytes = 64 << 10;
+/// Heap blocks start on pages (fast copies, no false sharing).
+constexpr std::uint64_t block_alignment = 4096;
+/// The most a segment may hold of ring or of heap per direction.
+constexpr std::uint64_t max_region_bytes = std::uint64_t{1} << 40;
+
+/// What the acceptor tells the dialer with the segment.
+struct segment_sizes {
+  std::uint64_t ring_bytes = 0; ///< each direction's ring
+  std::uint64_t heap_bytes = 0; ///< each direction's heap (0: none)
+
+  /// Entries of each direction's free queue: more blocks than this cannot
+  /// be live at once.
+  std::uint64_t free_slots() const { return heap_bytes / min_placed_bytes; }
+
+  static std::uint64_t pages(std::uint64_t bytes) {
+    return (bytes + 4095) / 4096 * 4096;
+  }
+  std::uint64_t ring_at(int direction) const {
+    return control_bytes +
+           static_cast<std::uint64_t>(direction) * pages(ring_bytes);
+  }
+  std::uint64_t heap_at(int direction) const {
+    return ring_at(2) + static_cast<std::uint64_t>(direction) * heap_bytes;
+  }
+  std::uint64_t free_queue_at(int direction) const {
+    return heap_at(2) +
+           static_cast<std::uint64_t>(direction) * pages(8 * free_slots());
+  }
+  std::uint64_t total() const { return free_queue_at(2); }
+};
 
 struct segment_header {
   std::uint64_t magic;
-  std::uint64_t capacity; ///< bytes of each ring
-  ring_control rings[2];  ///< [0]: acceptor -> dialer, [1]: dialer -> acceptor
+  segment_sizes sizes;
+  ring_control rings[2]; ///< [0]: acceptor -> dialer, [1]: dialer -> acceptor
 };
 static_assert(sizeof(segment_header) <= control_bytes);
 
-/// How long a sleeping side waits before it checks that its peer lives.
+/// The mapping, shared by the link and by every received tensor that lives
+/// in it: unmapped when the last of them goes.
+struct segment {
+  void* map = nullptr;
+  std::size_t bytes = 0;
+  /// Serialises this process's pushes to the free queue (tensors die on
+  /// any thread).
+  std::mutex free_mutex;
+
+  ~segment() {
+    if (map != nullptr)
+      ::munmap(map, bytes);
+  }
+
+  char* at(std::uint64_t offset) const {
+    return static_cast<char*>(map) + offset;
+  }
+};
+
+/// How long a sleeping side waits before it checks that its peer lives,
+/// and how often the drain thread takes what nobody waits for.
 constexpr std::chrono::milliseconds liveness_interval{20};
-/// How long a side spins before it sleeps.
+/// How long the writer spins before it sleeps for room.
 constexpr std::chrono::microseconds spin_wanted{50};
+/// The longest a writer waits for the reader to free a heap block it has
+/// used before rather than take fresh memory (shm_link::allocate_block).
+constexpr std::chrono::milliseconds free_wait{2};
 
-class shm_link final : public byte_link {
+class shm_link final : public polled_link {
 public:
-  shm_link(void* map, std::size_t map_bytes, bool acceptor,
+  shm_link(std::shared_ptr<segment> seg, bool acceptor,
            std::unique_ptr<socket_link> socket)
-      : map_(map), map_bytes_(map_bytes), socket_(std::move(socket)) {
-    auto* h = static_cast<segment_header*>(map);
-    capacity_ = h->capacity;
-    auto* base = static_cast<char*>(map) + control_bytes;
-    out_ = &h->rings[acceptor ? 0 : 1];
-    in_ = &h->rings[acceptor ? 1 : 0];
-    out_data_ = base + (acceptor ? 0 : capacity_);
-    in_data_ = base + (acceptor ? capacity_ : 0);
+      : segment_(std::move(seg)),
+        socket_(std::move(socket)),
+        sizes_(static_cast<segment_header*>(segment_->map)->sizes),
+        heap_(sizes_.heap_bytes, block_alignment) {
+    auto* h = static_cast<segment_header*>(segment_->map);
+    const int out = acceptor ? 0 : 1, in = 1 - out;
+    out_ = &h->rings[out];
+    in_ = &h->rings[in];
+    out_data_ = segment_->at(sizes_.ring_at(out));
+    in_data_ = segment_->at(sizes_.ring_at(in));
+    out_heap_ = segment_->at(sizes_.heap_at(out));
+    in_heap_ = segment_->at(sizes_.heap_at(in));
+    out_free_ =
+      reinterpret_cast<std::uint64_t*>(segment_->at(sizes_.free_queue_at(out)));
+    in_free_ =
+      reinterpret_cast<std::uint64_t*>(segment_->at(sizes_.free_queue_at(in)));
   }
 
-  ~shm_link() override {
-    shutdown();
-    ::munmap(map_, map_bytes_);
-  }
+  ~shm_link() override { shutdown(); }
 
   void write(std::initializer_list<buffer_view> parts) override {
+    const std::uint64_t capacity = sizes_.ring_bytes;
     for (const auto& part : parts) {
       const char* p = static_cast<const char*>(part.data);
       std::size_t left = part.size;
       while (left > 0) {
         std::uint64_t head = out_->head.load(std::memory_order_relaxed);
         std::uint64_t free_bytes = 0;
-        wait(
-          [&] {
-            if (out_->reader_closed.load(std::memory_order_acquire) != 0)
-              throw transport_error(transport_errc::peer_closed,
-                                    "shm peer " + peer() +
-                                      " closed the channel");
-            free_bytes = ring::free_space(
-              head, out_->tail.load(std::memory_order_acquire), capacity_);
-            return free_bytes > 0;
-          },
-          out_->space_seq, out_->writer_waiting, std::nullopt);
-        std::size_t n = std::min<std::uint64_t>(free_bytes, left);
-        ring::copy_in(out_data_, capacity_, head, p, n);
-        out_->head.store(head + n, std::memory_order_seq_cst);
-        if (out_->reader_waiting.load(std::memory_order_seq_cst) != 0) {
-          out_->data_seq.fetch_add(1, std::memory_order_seq_cst);
-          futex_wake(&out_->data_seq);
+        auto has_room = [&] {
+          if (out_->reader_closed.load(std::memory_order_acquire) != 0)
+            throw transport_error(transport_errc::peer_closed,
+                                  "shm peer " + peer() + " closed the channel");
+          std::uint64_t tail = out_->tail.load(std::memory_order_acquire);
+          if (!ring::consistent(head, tail, capacity))
+            throw transport_error(transport_errc::corrupt_frame,
+                                  "corrupt frame: the shm peer moved its "
+                                  "ring's tail past the data");
+          free_bytes = ring::free_space(head, tail, capacity);
+          return free_bytes > 0;
+        };
+        while (!has_room()) {
+          // Nobody may be reading (receives read for themselves): have the
+          // peer's drain thread make room.
+          signal(out_->drain_seq);
+          wait(has_room, out_->space_seq, out_->writer_waiting,
+               out_->space_seq.load(std::memory_order_seq_cst), std::nullopt,
+               spin_budget(spin_wanted));
         }
+        std::size_t n = std::min<std::uint64_t>(free_bytes, left);
+        ring::copy_in(out_data_, capacity, head, p, n);
+        out_->head.store(head + n, std::memory_order_seq_cst);
+        if (out_->readers_waiting.load(std::memory_order_seq_cst) != 0)
+          signal(out_->data_seq);
         p += n;
         left -= n;
       }
     }
   }
 
+  std::optional<wire::placement> place(buffer_view payload) override {
+    if (payload.size < min_placed_bytes || payload.size > heap_.capacity())
+      return std::nullopt;
+    auto at = allocate_block(payload.size);
+    if (!at)
+      return std::nullopt; // no room: it streams through the ring
+    std::memcpy(out_heap_ + *at, payload.data, payload.size);
+    return wire::placement{*at, payload.size};
+  }
+
+  adopted_payload adopt(const wire::placement& p) override {
+    const std::uint64_t heap = sizes_.heap_bytes;
+    if (p.bytes == 0 || p.offset % block_alignment != 0 || p.offset >= heap ||
+        p.bytes > heap - p.offset)
+      throw transport_error(transport_errc::corrupt_frame,
+                            "corrupt frame: the shm peer placed " +
+                              std::to_string(p.bytes) + " bytes at offset " +
+                              std::to_string(p.offset) + " of a heap of " +
+                              std::to_string(heap) + " bytes");
+    return {in_heap_ + p.offset,
+            [seg = segment_, in = in_, queue = in_free_,
+             slots = sizes_.free_slots(), offset = p.offset] {
+              std::lock_guard<std::mutex> guard(seg->free_mutex);
+              auto head = in->freed_head.load(std::memory_order_relaxed);
+              auto tail = in->freed_tail.load(std::memory_order_acquire);
+              // Only a writer that placed more blocks than its heap holds
+              // fills the queue: that block stays lost to it.
+              if (head - tail >= slots)
+                return;
+              queue[head % slots] = offset;
+              in->freed_head.store(head + 1, std::memory_order_seq_cst);
+              if (in->writer_waiting.load(std::memory_order_seq_cst) != 0)
+                signal(in->space_seq);
+            }};
+  }
+
+  std::size_t read_some(void* data, std::size_t size) override {
+    check_shut();
+    const std::uint64_t capacity = sizes_.ring_bytes;
+    std::uint64_t tail = in_->tail.load(std::memory_order_relaxed);
+    std::uint64_t head = in_->head.load(std::memory_order_acquire);
+    if (head == tail) {
+      if (in_->writer_closed.load(std::memory_order_acquire) == 0)
+        return 0;
+      // Closed: what it wrote before it closed is delivered first.
+      head = in_->head.load(std::memory_order_acquire);
+      if (head == tail)
+        throw transport_error(transport_errc::peer_closed,
+                              "shm peer " + peer() + " closed the channel");
+    }
+    if (!ring::consistent(head, tail, capacity))
+      throw transport_error(transport_errc::corrupt_frame,
+                            "corrupt frame: the shm peer moved its ring's "
+                            "head past the ring");
+    std::size_t n = std::min<std::uint64_t>(head - tail, size);
+    ring::copy_out(in_data_, capacity, tail, data, n);
+    in_->tail.store(tail + n, std::memory_order_seq_cst);
+    if (in_->writer_waiting.load(std::memory_order_seq_cst) != 0)
+      signal(in_->space_seq);
+    return n;
+  }
+
   void read(void* data, std::size_t size,
             std::optional<deadline> until) override {
-    char* p = static_cast<char*>(data);
-    const char* start = p;
+    auto* p = static_cast<char*>(data);
     while (size > 0) {
-      std::uint64_t tail = in_->tail.load(std::memory_order_relaxed);
-      std::uint64_t available = 0;
-      wait(
-        [&] {
-          available =
-            ring::used(in_->head.load(std::memory_order_acquire), tail);
-          if (available == 0 &&
-              in_->writer_closed.load(std::memory_order_acquire) != 0) {
-            if (p != start)
-              throw transport_error(transport_errc::corrupt_frame,
-                                    "corrupt frame: shm peer ended the stream "
-                                    "inside a frame");
-            throw transport_error(transport_errc::peer_closed,
-                                  "shm peer " + peer() + " closed the channel");
-          }
-          return available > 0;
-        },
-        in_->data_seq, in_->reader_waiting, until);
-      std::size_t n = std::min<std::uint64_t>(available, size);
-      ring::copy_out(in_data_, capacity_, tail, p, n);
-      in_->tail.store(tail + n, std::memory_order_seq_cst);
-      if (in_->writer_waiting.load(std::memory_order_seq_cst) != 0) {
-        in_->space_seq.fetch_add(1, std::memory_order_seq_cst);
-        futex_wake(&in_->space_seq);
+      std::size_t n = 0;
+      try {
+        const std::uint32_t seen = wake_count();
+        n = read_some(p, size);
+        if (n == 0)
+          wait_readable(seen, until.value_or(deadline::max()));
+      } catch (const transport_error& e) {
+        if (e.code() == transport_errc::peer_closed &&
+            p != static_cast<char*>(data))
+          throw transport_error(transport_errc::corrupt_frame,
+                                "corrupt frame: shm peer ended the stream "
+                                "inside a frame");
+        throw;
       }
       p += n;
       size -= n;
     }
+  }
+
+  std::uint32_t wake_count() const noexcept override {
+    return in_->data_seq.load(std::memory_order_seq_cst);
+  }
+
+  void wait_readable(std::uint32_t seen, deadline until) override {
+    wait([&] { return readable(); }, in_->data_seq, in_->readers_waiting, seen,
+         until, std::chrono::nanoseconds(0));
+  }
+
+  void nudge() noexcept override { signal(in_->data_seq); }
+
+  void wait_drain() override {
+    const std::uint32_t seen = in_->drain_seq.load(std::memory_order_seq_cst);
+    check_shut();
+    futex_wait(&in_->drain_seq, seen, liveness_interval);
+    check_shut();
+    if (!readable() && socket_->peer_gone())
+      throw transport_error(transport_errc::peer_closed,
+                            "shm peer process is gone");
   }
 
   void shutdown() noexcept override {
@@ -157,11 +315,9 @@ public:
       return;
     out_->writer_closed.store(1, std::memory_order_seq_cst);
     in_->reader_closed.store(1, std::memory_order_seq_cst);
-    for (auto* w :
-         {&out_->data_seq, &out_->space_seq, &in_->data_seq, &in_->space_seq}) {
-      w->fetch_add(1, std::memory_order_seq_cst);
-      futex_wake(w);
-    }
+    for (auto* r : {out_, in_})
+      for (auto* w : {&r->data_seq, &r->space_seq, &r->drain_seq})
+        signal(*w);
     socket_->shutdown();
   }
 
@@ -169,36 +325,111 @@ public:
   std::string peer() const override { return "(same host)"; }
 
 private:
-  /// Spins, then sleeps on `seq` with `flag` raised, until `ready()`; checks
-  /// this end's shutdown, the peer's liveness and `until` while it waits.
+  bool readable() const noexcept {
+    return in_->head.load(std::memory_order_acquire) !=
+             in_->tail.load(std::memory_order_relaxed) ||
+           in_->writer_closed.load(std::memory_order_acquire) != 0;
+  }
+
+  /// A block of the heap for `bytes`, or nullopt (the payload streams).
+  /// Memory the heap used before is preferred while the reader is freeing
+  /// blocks: a fresh page costs a fault per 4 KiB (10-17 us each on the
+  /// VMs measured, 3-4 ms per MiB, twenty times the copy) and a streamed
+  /// payload a second copy, so a writer that ran ahead waits up to
+  /// free_wait for the reader to return a block first. A reader that keeps
+  /// its tensors (a pipeline stage holding activations) stops the waiting
+  /// until it frees one again.
+  std::optional<std::uint64_t> allocate_block(std::uint64_t bytes) {
+    take_freed_blocks();
+    const auto until = std::chrono::steady_clock::now() + free_wait;
+    for (;;) {
+      auto at = heap_.where(bytes);
+      const bool warm = at && *at + bytes <= heap_.high_water();
+      if (warm || heap_.blocks() == 0 || reader_holds_)
+        return heap_.allocate(bytes);
+      if (!wait_for_free(until)) {
+        reader_holds_ = true;
+        return heap_.allocate(bytes);
+      }
+      take_freed_blocks();
+    }
+  }
+
+  /// Waits until the reader returned a block or `until`; false at `until`.
+  bool wait_for_free(std::chrono::steady_clock::time_point until) {
+    auto arrived = [&] {
+      return out_->freed_head.load(std::memory_order_seq_cst) !=
+             out_->freed_tail.load(std::memory_order_relaxed);
+    };
+    if (spin_until(arrived, spin_budget(spin_wanted)))
+      return true;
+    out_->writer_waiting.fetch_add(1, std::memory_order_seq_cst);
+    struct uncount {
+      std::atomic<std::uint32_t>& w;
+      ~uncount() { w.fetch_sub(1, std::memory_order_seq_cst); }
+    } counted{out_->writer_waiting};
+    for (;;) {
+      const std::uint32_t seen =
+        out_->space_seq.load(std::memory_order_seq_cst);
+      check_shut();
+      if (arrived())
+        return true;
+      const auto left = until - std::chrono::steady_clock::now();
+      if (left <= std::chrono::nanoseconds(0))
+        return false;
+      futex_wait(&out_->space_seq, seen, left);
+    }
+  }
+
+  /// Returns the blocks the reader freed to the heap. A bad offset from the
+  /// reader is ignored: it can only waste its own heap.
+  void take_freed_blocks() noexcept {
+    const std::uint64_t slots = sizes_.free_slots();
+    std::uint64_t head = out_->freed_head.load(std::memory_order_acquire);
+    std::uint64_t tail = out_->freed_tail.load(std::memory_order_relaxed);
+    if (head - tail > slots) // a corrupt reader: skip what it claims
+      tail = head;
+    if (tail != head)
+      reader_holds_ = false;
+    for (; tail != head; ++tail)
+      (void)heap_.release(out_free_[tail % slots]);
+    out_->freed_tail.store(tail, std::memory_order_release);
+  }
+
+  /// Spins for `spin`, then sleeps on `seq`, counted in `waiting` so that
+  /// the other side wakes it, until `ready()` or until `seq` moves from
+  /// `seen`; checks this end's shutdown, the peer's liveness and `until`
+  /// meanwhile.
   template <class Ready>
   void wait(Ready&& ready, std::atomic<std::uint32_t>& seq,
-            std::atomic<std::uint32_t>& flag, std::optional<deadline> until) {
-    if (spin_until([&] { return check_shut(), ready(); },
-                   spin_budget(spin_wanted)))
+            std::atomic<std::uint32_t>& waiting, std::uint32_t seen,
+            std::optional<deadline> until, std::chrono::nanoseconds spin) {
+    auto woken = [&] {
+      return seq.load(std::memory_order_seq_cst) != seen;
+    };
+    if (spin_until([&] { return check_shut(), ready() || woken(); }, spin))
       return;
+    waiting.fetch_add(1, std::memory_order_seq_cst);
+    struct uncount {
+      std::atomic<std::uint32_t>& w;
+      ~uncount() { w.fetch_sub(1, std::memory_order_seq_cst); }
+    } counted{waiting};
     for (;;) {
-      std::uint32_t seen = seq.load(std::memory_order_seq_cst);
-      flag.store(1, std::memory_order_seq_cst);
       check_shut();
-      if (ready()) {
-        flag.store(0, std::memory_order_relaxed);
+      if (ready() || woken())
         return;
-      }
       auto slice = liveness_interval;
       if (until) {
         auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
           *until - std::chrono::steady_clock::now());
-        if (left.count() <= 0) {
-          flag.store(0, std::memory_order_relaxed);
+        if (left.count() <= 0)
           throw transport_error(transport_errc::timeout,
                                 "shm peer sent nothing in time");
-        }
         slice = std::min(slice, left);
       }
       futex_wait(&seq, seen, slice);
-      flag.store(0, std::memory_order_relaxed);
-      if (ready())
+      check_shut();
+      if (ready() || woken())
         return;
       if (socket_->peer_gone())
         throw transport_error(transport_errc::peer_closed,
@@ -211,23 +442,29 @@ private:
       throw transport_error(transport_errc::cancelled, "shm link was closed");
   }
 
-  void* map_;
-  std::size_t map_bytes_;
+  std::shared_ptr<segment> segment_;
   std::unique_ptr<socket_link> socket_; ///< kept open: tells peer death
-  std::uint64_t capacity_ = 0;
+  segment_sizes sizes_;
+  block_heap heap_; ///< the blocks of out_heap_ (this end writes them)
   ring_control* out_;
   ring_control* in_;
   char* out_data_;
   char* in_data_;
+  char* out_heap_;
+  char* in_heap_;
+  std::uint64_t* out_free_;
+  std::uint64_t* in_free_;
+  /// The last wait for a freed block timed out (allocate_block).
+  bool reader_holds_ = false;
   std::atomic<bool> shut_{false};
 };
 
 // -- fd passing
 // -------------------------------------------------------------------
 
-void send_fd(int socket, int fd, std::uint64_t capacity) {
+void send_fd(int socket, int fd, segment_sizes sizes) {
   msghdr msg{};
-  iovec iov{&capacity, sizeof(capacity)};
+  iovec iov{&sizes, sizeof(sizes)};
   msg.msg_iov = &iov;
   msg.msg_iovlen = 1;
   alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
@@ -238,13 +475,13 @@ void send_fd(int socket, int fd, std::uint64_t capacity) {
   c->cmsg_type = SCM_RIGHTS;
   c->cmsg_len = CMSG_LEN(sizeof(int));
   std::memcpy(CMSG_DATA(c), &fd, sizeof(int));
-  if (::sendmsg(socket, &msg, MSG_NOSIGNAL) != sizeof(capacity))
+  if (::sendmsg(socket, &msg, MSG_NOSIGNAL) != sizeof(sizes))
     throw transport_error(transport_errc::peer_closed,
                           std::string("shm: cannot pass the segment: ") +
                             std::strerror(errno));
 }
 
-int receive_fd(int socket, std::uint64_t& capacity, deadline until) {
+int receive_fd(int socket, segment_sizes& sizes, deadline until) {
   auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
     until - std::chrono::steady_clock::now());
   pollfd pfd{socket, POLLIN, 0};
@@ -253,7 +490,7 @@ int receive_fd(int socket, std::uint64_t& capacity, deadline until) {
     throw transport_error(transport_errc::timeout,
                           "shm: the segment did not arrive in time");
   msghdr msg{};
-  iovec iov{&capacity, sizeof(capacity)};
+  iovec iov{&sizes, sizeof(sizes)};
   msg.msg_iov = &iov;
   msg.msg_iovlen = 1;
   alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
@@ -261,7 +498,7 @@ int receive_fd(int socket, std::uint64_t& capacity, deadline until) {
   msg.msg_controllen = sizeof(control);
   ssize_t n = ::recvmsg(socket, &msg, MSG_CMSG_CLOEXEC);
   cmsghdr* c = CMSG_FIRSTHDR(&msg);
-  if (n != sizeof(capacity) || c == nullptr || c->cmsg_type != SCM_RIGHTS)
+  if (n != sizeof(sizes) || c == nullptr || c->cmsg_type != SCM_RIGHTS)
     throw transport_error(transport_errc::corrupt_frame,
                           "shm: the peer sent no segment");
   int fd = -1;
@@ -295,7 +532,16 @@ sockaddr_un abstract_address(const std::string& name, socklen_t& len) {
 class shm_backend final : public backend {
 public:
   explicit shm_backend(const endpoint_options& options)
-      : ring_bytes_(options.shm_ring_bytes) {}
+      : sizes_{options.shm_ring_bytes,
+               options.shm_heap_bytes / block_alignment * block_alignment} {
+    if (sizes_.ring_bytes == 0 || sizes_.ring_bytes > max_region_bytes)
+      throw config_error("transport.shm_ring_mb",
+                         "the shm ring must hold more than 0 bytes and at "
+                         "most 1 TiB");
+    if (sizes_.heap_bytes > max_region_bytes)
+      throw config_error("transport.shm_heap_mb",
+                         "the shm heap must hold at most 1 TiB");
+  }
 
   ~shm_backend() override { stop(); }
 
@@ -369,45 +615,46 @@ public:
                                      bool acceptor, deadline until) override {
     std::unique_ptr<socket_link> socket(
       static_cast<socket_link*>(bootstrap.release()));
-    std::uint64_t capacity = ring_bytes_;
+    segment_sizes sizes = sizes_;
     int fd = -1;
     if (acceptor) {
       fd = ::memfd_create("h2-shm", MFD_CLOEXEC);
-      if (fd < 0 || ::ftruncate(fd, static_cast<off_t>(control_bytes +
-                                                       2 * capacity)) != 0)
+      if (fd < 0 || ::ftruncate(fd, static_cast<off_t>(sizes.total())) != 0)
         throw transport_error(transport_errc::peer_closed,
                               std::string("shm: cannot create a segment: ") +
                                 std::strerror(errno));
     } else {
-      fd = receive_fd(socket->fd(), capacity, until);
-      if (capacity == 0 || capacity > (std::uint64_t{1} << 40)) {
+      fd = receive_fd(socket->fd(), sizes, until);
+      if (sizes.ring_bytes == 0 || sizes.ring_bytes > max_region_bytes ||
+          sizes.heap_bytes > max_region_bytes ||
+          sizes.heap_bytes % block_alignment != 0) {
         ::close(fd);
         throw transport_error(transport_errc::corrupt_frame,
                               "shm: the peer's segment is malformed");
       }
     }
-    const std::size_t bytes = control_bytes + 2 * capacity;
-    void* map = nullptr;
+    auto seg = std::make_shared<segment>();
+    seg->bytes = sizes.total();
     try {
-      map = map_segment(fd, bytes);
+      seg->map = map_segment(fd, seg->bytes);
+      auto* h = static_cast<segment_header*>(seg->map);
       if (acceptor) {
-        auto* h = new (map) segment_header{segment_magic, capacity, {}};
-        (void)h;
-        send_fd(socket->fd(), fd, capacity);
-      } else if (static_cast<segment_header*>(map)->magic != segment_magic ||
-                 static_cast<segment_header*>(map)->capacity != capacity) {
+        new (h) segment_header{segment_magic, sizes, {}};
+        send_fd(socket->fd(), fd, sizes);
+      } else if (h->magic != segment_magic ||
+                 h->sizes.ring_bytes != sizes.ring_bytes ||
+                 h->sizes.heap_bytes != sizes.heap_bytes) {
         throw transport_error(transport_errc::corrupt_frame,
                               "shm: the peer's segment is malformed");
       }
     } catch (...) {
-      if (map != nullptr)
-        ::munmap(map, bytes);
       ::close(fd);
       throw;
     }
     // The mapping keeps the segment alive; the descriptor is not needed.
     ::close(fd);
-    return std::make_unique<shm_link>(map, bytes, acceptor, std::move(socket));
+    return std::make_unique<shm_link>(std::move(seg), acceptor,
+                                      std::move(socket));
   }
 
   void stop() noexcept override {
@@ -422,7 +669,7 @@ public:
   }
 
 private:
-  std::uint64_t ring_bytes_;
+  segment_sizes sizes_;
   std::string name_;
   int listener_ = -1;
   std::atomic<bool> stopped_{false};

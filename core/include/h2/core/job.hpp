@@ -129,8 +129,12 @@ struct transport_config {
   std::string backend = "auto";
   /// CRC32C of every payload (the header always has one).
   bool crc = false;
-  /// Bytes of each direction of a shared-memory channel.
+  /// Bytes of each direction of a shared-memory channel's ring.
   std::uint64_t shm_ring_bytes = std::uint64_t{16} << 20;
+  /// Bytes of each direction's shared-memory heap: tensors of 64 KiB and
+  /// more are copied once, into a block the receiver adopts (0: none, every
+  /// payload streams through the ring).
+  std::uint64_t shm_heap_bytes = std::uint64_t{256} << 20;
   /// Gradients are all-reduced across replicas in buckets of this size.
   std::uint64_t bucket_bytes = std::uint64_t{25} << 20;
   /// What gradients cross the wire as in the all-reduce: fp32 or bf16.

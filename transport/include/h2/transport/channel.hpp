@@ -43,6 +43,27 @@ struct message {
   std::uint64_t payload_bytes() const noexcept;
 };
 
+/// A channel whose receives take arrived messages themselves, on the
+/// waiting thread (shm: the waiter reads the ring), so that a message costs
+/// at most one thread wake-up, and none while the waiter polls. Held by
+/// pending receives: calls must stay safe (and do nothing) once the channel
+/// is gone.
+class receive_progress {
+public:
+  virtual ~receive_progress() = default;
+
+  /// Delivers whatever has arrived, without blocking. Thread-safe; a no-op
+  /// while another thread is doing it. A failure of the link fails the
+  /// channel's receives (it is not thrown here).
+  virtual void poll() noexcept = 0;
+
+  /// Returns once `done` is set (this thread or another delivered the
+  /// message, or failed the receive) or at `until`: polls the link for a
+  /// while, then sleeps on it, delivering whatever arrives meanwhile.
+  virtual void wait(const std::atomic<bool>& done,
+                    std::chrono::steady_clock::time_point until) noexcept = 0;
+};
+
 /// A receive in progress; get() waits for it. Movable, single use.
 class pending_message {
 public:
@@ -110,6 +131,8 @@ struct pending_message::state {
   std::optional<message> value;
   std::optional<transport_error> failure;
   std::uint64_t tag = 0;
+  /// Set when the channel lets its waiters poll (null otherwise).
+  std::shared_ptr<receive_progress> progress;
 
   /// Delivers `m` unless the receive already ended (timed out, failed);
   /// returns whether it was taken. `m` is left untouched when not taken.

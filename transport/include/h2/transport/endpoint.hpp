@@ -82,6 +82,10 @@ struct endpoint_options {
   std::vector<std::string> backends = {"shm", "rdma", "tcp"};
   /// Bytes of each direction's shared-memory ring.
   std::uint64_t shm_ring_bytes = std::uint64_t{16} << 20;
+  /// Bytes of each direction's shared-memory heap, where tensors of 64 KiB
+  /// and more are placed for the receiver to adopt (one copy); 0 streams
+  /// every payload through the ring. Pages are touched only when used.
+  std::uint64_t shm_heap_bytes = std::uint64_t{256} << 20;
   /// How long a peer may take to complete the handshake.
   std::chrono::milliseconds handshake_timeout{10000};
 };

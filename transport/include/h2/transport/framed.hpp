@@ -11,6 +11,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <initializer_list>
 #include <memory>
 #include <optional>
@@ -54,6 +55,65 @@ public:
 
   /// The peer, for messages ("tcp 10.0.0.2:40123").
   virtual std::string peer() const = 0;
+
+  // -- Payloads outside the stream (one copy). Links that cannot place
+  // payloads keep the defaults: every payload follows its header.
+
+  /// Copies `payload` to where the peer can adopt it as its received
+  /// tensor's memory (shm: a block of the reader's heap) and says where;
+  /// nullopt when this link does not place payloads, the payload is too
+  /// small to be worth it, or there is no room: it then follows in the
+  /// stream. Called by the writing thread, before it writes the frame that
+  /// refers to the placement.
+  virtual std::optional<wire::placement> place(buffer_view payload);
+
+  /// Memory the peer placed a payload in. `release()` must be called once
+  /// when the memory is no longer used (from any thread, also after the
+  /// link is gone); until then the peer does not reuse it.
+  struct adopted_payload {
+    void* data = nullptr;
+    std::function<void()> release;
+  };
+
+  /// Takes the payload the peer placed at `p`. Throws transport_error
+  /// (corrupt_frame) for a placement this link never makes or one outside
+  /// the memory the peer may use.
+  virtual adopted_payload adopt(const wire::placement& p);
+};
+
+/// A link that waiting receives read from themselves (shm): reads that do
+/// not block and an eventcount to sleep on until bytes arrive. A
+/// framed_channel over one lets the thread that waits for a message read
+/// the frames (one wake-up per message, none while it polls); its reader
+/// thread only drains what nobody waits for, when the writer runs out of
+/// room or once per liveness interval, and notices a dead peer.
+class polled_link : public byte_link {
+public:
+  /// Copies up to `size` bytes that have arrived into `data` without
+  /// waiting; returns how many (0: none yet). One reading thread at a time.
+  /// Throws as read() does: peer_closed once the peer ended the stream and
+  /// everything it sent was read, cancelled after shutdown().
+  virtual std::size_t read_some(void* data, std::size_t size) = 0;
+
+  /// The link's count of wake-ups, for wait_readable(): take it, check the
+  /// condition you wait for, then wait with it; a nudge() in between is not
+  /// lost.
+  virtual std::uint32_t wake_count() const noexcept = 0;
+
+  /// Sleeps until read_some() has bytes (the writer wakes it as soon as it
+  /// writes), until the wake-up count moved past `seen` (nudge()), or until
+  /// `until`. Throws transport_error: timeout past `until`, peer_closed when
+  /// the peer is gone, cancelled after shutdown(). Any number of threads.
+  virtual void wait_readable(std::uint32_t seen, deadline until) = 0;
+
+  /// Wakes every wait_readable(). Thread-safe.
+  virtual void nudge() noexcept = 0;
+
+  /// The reader thread's wait: returns when the writer needs room to go on,
+  /// when the peer ended the stream, or after the link's liveness
+  /// interval. Throws transport_error: peer_closed when the peer is gone
+  /// and nothing it sent is left to read, cancelled after shutdown().
+  virtual void wait_drain() = 0;
 };
 
 /// The job's secret: every node proves it knows it before any plan or
@@ -98,9 +158,12 @@ struct framed_options {
   std::uint64_t max_payload_bytes = std::uint64_t{1} << 36;
 };
 
-/// A channel over an established (handshaken) byte link. A reader thread
-/// turns frames into messages in the mailbox: tensors are allocated once and
-/// their bytes read straight into them.
+/// A channel over an established (handshaken) byte link. Frames become
+/// messages in the mailbox: a tensor's bytes are read straight into the
+/// tensor allocated for them, or the tensor adopts the memory its payload
+/// was placed in (byte_link::place). A reader thread reads frames as they
+/// arrive; over a polled_link, waiting receives read them instead
+/// (receive_progress) and the reader thread drains what nobody waits for.
 class framed_channel final : public channel {
 public:
   framed_channel(std::unique_ptr<byte_link> link, framed_options options);
@@ -113,13 +176,15 @@ public:
   channel_stats stats() const override;
 
 private:
+  class receiver;
+
   void read_loop();
 
   std::unique_ptr<byte_link> link_;
   framed_options options_;
-  /// Where received tensors' bytes go (buffers reused once freed).
-  std::shared_ptr<class receive_pool> pool_;
   mailbox inbox_;
+  /// Turns the link's bytes into messages: shared with waiting receives.
+  std::shared_ptr<receiver> receiver_;
   std::mutex write_mutex_;
   std::atomic<bool> closed_{false};
   std::atomic<std::uint64_t> messages_sent_{0};

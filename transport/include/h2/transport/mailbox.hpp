@@ -34,6 +34,10 @@ public:
   /// The failure, if the channel failed or was cancelled.
   std::optional<transport_error> failure() const;
 
+  /// Receives made from now on poll `p` while they wait (set once, before
+  /// the first receive).
+  void set_progress(std::shared_ptr<receive_progress> p);
+
   std::uint64_t messages_delivered() const;
   std::uint64_t bytes_delivered() const;
 
@@ -44,6 +48,7 @@ private:
   std::map<std::uint64_t, std::deque<message>> queued_;
   std::map<std::uint64_t, std::deque<waiter>> waiters_;
   std::optional<transport_error> failure_;
+  std::shared_ptr<receive_progress> progress_;
   bool cancelled_ = false;
   std::uint64_t messages_ = 0;
   std::uint64_t bytes_ = 0;

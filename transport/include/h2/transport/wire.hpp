@@ -14,6 +14,11 @@
 //   24 f64 sender's wall clock
 //   32 u64 payload bytes
 //   40 u32 payload CRC32C (when flags has payload_crc)
+//
+// When flags has `placed`, the link carried the payload outside the stream
+// (shm: in a block of the reader's part of the shared segment) and a
+// 16-byte placement record follows the header instead:
+//   0  u64 offset              8  u64 bytes (equal to the header's)
 #pragma once
 
 #include <array>
@@ -23,7 +28,7 @@
 namespace h2::transport::wire {
 
 constexpr std::uint32_t magic = 0x43443248; // "H2DC"
-constexpr std::uint16_t version = 1;
+constexpr std::uint16_t version = 2;
 constexpr std::size_t header_bytes = 128;
 constexpr int max_dims = 8;
 
@@ -37,7 +42,9 @@ enum class frame_kind : std::uint8_t {
 namespace flag {
 constexpr std::uint8_t tensor = 1;      ///< payload is a tensor's data
 constexpr std::uint8_t payload_crc = 2; ///< payload_crc is set
-constexpr std::uint8_t all = tensor | payload_crc;
+/// A placement record follows instead of the payload (tensors only).
+constexpr std::uint8_t placed = 4;
+constexpr std::uint8_t all = tensor | payload_crc | placed;
 } // namespace flag
 
 /// Element types a tensor payload may have.
@@ -76,6 +83,22 @@ void encode(const frame_header& h, std::byte* out) noexcept;
 /// negative or overflowing shapes, a tensor shape that does not match the
 /// payload size, or a payload larger than `max_payload_bytes`.
 frame_header decode(const std::byte* in, std::uint64_t max_payload_bytes);
+
+/// Where a link put a payload outside the stream; what offset means is the
+/// link's (shm: bytes from the start of the reader's heap).
+struct placement {
+  std::uint64_t offset = 0;
+  std::uint64_t bytes = 0;
+};
+
+constexpr std::size_t placement_bytes = 16;
+
+void encode(const placement& p, std::byte* out) noexcept;
+
+/// Throws transport_error(corrupt_frame) when `p.bytes` differs from the
+/// header's `payload_bytes`. Whether the offset is valid is the link's to
+/// check (byte_link::adopt).
+placement decode_placement(const std::byte* in, std::uint64_t payload_bytes);
 
 /// The handshake's payload (frame_kind::hello).
 struct hello_payload {

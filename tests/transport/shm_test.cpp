@@ -1,0 +1,147 @@
+// What the shm backend promises beyond the conformance suite: tensors of
+// 64 KiB and more are copied once, into the shared segment, and received
+// as views of it; blocks the receiver still holds are never reused; a full
+// heap falls back to streaming; received tensors outlive their channel.
+#include "pairs.hpp"
+
+#include "h2/core/error.hpp"
+#include "h2/transport/channel.hpp"
+
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstdint>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+namespace h2::transport {
+namespace {
+
+using namespace std::chrono_literals;
+
+constexpr auto patience = 20s;
+
+/// Whether `p` lies in a mapping of an h2 shm segment (a memfd named
+/// "h2-shm"), by /proc/self/maps.
+bool in_shm_segment(const void* p) {
+  const auto at = reinterpret_cast<std::uintptr_t>(p);
+  std::ifstream maps("/proc/self/maps");
+  std::string line;
+  while (std::getline(maps, line)) {
+    if (line.find("memfd:h2-shm") == std::string::npos)
+      continue;
+    std::istringstream in(line);
+    std::uintptr_t lo = 0, hi = 0;
+    char dash = 0;
+    in >> std::hex >> lo >> dash >> hi;
+    if (at >= lo && at < hi)
+      return true;
+  }
+  return false;
+}
+
+message tensor_message(std::uint64_t tag, at::Tensor t) {
+  message m;
+  m.tag = tag;
+  m.tensor = std::move(t);
+  return m;
+}
+
+/// A float tensor of `n` elements counting from `from`.
+at::Tensor counting(std::int64_t n, float from) {
+  return at::arange(from, from + static_cast<float>(n), at::kFloat);
+}
+
+test::channel_pair shm_pair(std::uint64_t heap_bytes) {
+  return test::make_pair_over(
+    "shm", [&](endpoint_options& o) { o.shm_heap_bytes = heap_bytes; });
+}
+
+TEST(transport_shm, large_tensors_are_received_in_the_segment) {
+  auto [a, b] = shm_pair(std::uint64_t{16} << 20);
+  auto sent = counting(1 << 18, 1); // 1 MiB
+  a->send(tensor_message(3, sent));
+  auto got = b->recv(3, patience).tensor;
+  EXPECT_TRUE(in_shm_segment(got.data_ptr()));
+  EXPECT_TRUE(at::equal(got, sent));
+  // Small payloads stream through the ring into ordinary memory.
+  a->send(tensor_message(3, counting(16, 5)));
+  auto small = b->recv(3, patience).tensor;
+  EXPECT_FALSE(in_shm_segment(small.data_ptr()));
+  EXPECT_TRUE(at::equal(small, counting(16, 5)));
+}
+
+TEST(transport_shm, no_heap_streams_every_payload) {
+  auto [a, b] = shm_pair(0);
+  a->send(tensor_message(3, counting(1 << 18, 2)));
+  auto got = b->recv(3, patience).tensor;
+  EXPECT_FALSE(in_shm_segment(got.data_ptr()));
+  EXPECT_TRUE(at::equal(got, counting(1 << 18, 2)));
+}
+
+TEST(transport_shm, held_blocks_are_kept_and_a_full_heap_streams) {
+  // A heap of four 256 KiB blocks; the receiver holds all it gets.
+  auto [a, b] = shm_pair(std::uint64_t{1} << 20);
+  constexpr int n = 10;
+  constexpr std::int64_t elements = 1 << 16; // 256 KiB
+  std::vector<at::Tensor> held;
+  for (int i = 0; i < n; ++i) {
+    a->send(tensor_message(4, counting(elements, static_cast<float>(i))));
+    held.push_back(b->recv(4, patience).tensor);
+  }
+  int placed = 0;
+  for (int i = 0; i < n; ++i) {
+    SCOPED_TRACE(i);
+    placed += in_shm_segment(held[i].data_ptr()) ? 1 : 0;
+    // None was overwritten by a later message.
+    EXPECT_TRUE(at::equal(held[i], counting(elements, static_cast<float>(i))));
+  }
+  EXPECT_EQ(placed, 4);
+  // Freed blocks are placed in again.
+  held.clear();
+  for (int i = 0; i < n; ++i) {
+    a->send(tensor_message(4, counting(elements, 100.0f + i)));
+    auto got = b->recv(4, patience).tensor;
+    EXPECT_TRUE(in_shm_segment(got.data_ptr())) << i;
+    EXPECT_TRUE(at::equal(got, counting(elements, 100.0f + i)));
+  }
+}
+
+TEST(transport_shm, received_tensors_outlive_their_channel) {
+  at::Tensor got;
+  {
+    auto [a, b] = shm_pair(std::uint64_t{4} << 20);
+    a->send(tensor_message(1, counting(1 << 17, 9)));
+    got = b->recv(1, patience).tensor;
+    ASSERT_TRUE(in_shm_segment(got.data_ptr()));
+  }
+  // Both ends are gone; the segment stays mapped while the tensor lives.
+  EXPECT_TRUE(in_shm_segment(got.data_ptr()));
+  EXPECT_TRUE(at::equal(got, counting(1 << 17, 9)));
+  got = at::Tensor();
+}
+
+TEST(transport_shm, bad_sizes_name_their_job_key) {
+  auto o = test::options_for(0, "shm");
+  o.shm_ring_bytes = 0;
+  try {
+    endpoint e(o);
+    ADD_FAILURE() << "a ring of 0 bytes was accepted";
+  } catch (const config_error& e) {
+    EXPECT_EQ(e.key_path(), "transport.shm_ring_mb") << e.what();
+  }
+  o = test::options_for(0, "shm");
+  o.shm_heap_bytes = std::uint64_t{1} << 41;
+  try {
+    endpoint e(o);
+    ADD_FAILURE() << "a heap of 2 TiB was accepted";
+  } catch (const config_error& e) {
+    EXPECT_EQ(e.key_path(), "transport.shm_heap_mb") << e.what();
+  }
+}
+
+} // namespace
+} // namespace h2::transport
