@@ -66,12 +66,17 @@ inline double quantile(std::vector<double> xs, double q) {
   return xs[std::min(i, xs.size() - 1)];
 }
 
-/// `--out FILE` from argv, or "" when absent.
-inline std::string out_path(int argc, char** argv) {
+/// The value of `--NAME VALUE` in argv, or "" when absent.
+inline std::string flag_value(int argc, char** argv, const std::string& name) {
   for (int i = 1; i + 1 < argc; ++i)
-    if (std::string(argv[i]) == "--out")
+    if (std::string(argv[i]) == name)
       return argv[i + 1];
   return "";
+}
+
+/// `--out FILE` from argv, or "" when absent.
+inline std::string out_path(int argc, char** argv) {
+  return flag_value(argc, argv, "--out");
 }
 
 } // namespace h2::bench

@@ -89,7 +89,7 @@ double channel_throughput(channel_pair& p, std::uint64_t bytes, int n) {
       p.tx->send(tensor_message(5, t));
     rx.get();
   };
-  once(2); // warm: rings mapped, buffers touched
+  once(n); // warm: rings mapped, buffers touched
   auto t0 = clock_type::now();
   once(n);
   return static_cast<double>(bytes) * n / seconds_since(t0);
@@ -339,10 +339,12 @@ int main(int argc, char** argv) {
   };
   const std::vector<std::uint64_t> sizes = {1 * MiB, 4 * MiB, 16 * MiB,
                                             64 * MiB};
-  const int repeats = 3;
+  const int repeats = 5;
+  // `--only shm` or `--only tcp` runs one backend's part (for profiling).
+  const std::string only = flag_value(argc, argv, "--only");
 
-  std::printf("== shm\n");
-  {
+  if (only.empty() || only == "shm") {
+    std::printf("== shm\n");
     channel_pair shm("shm", false);
     for (auto bytes : sizes) {
       int n = messages_for(bytes);
@@ -360,8 +362,8 @@ int main(int argc, char** argv) {
          "baseline: futex mailbox; target <= 0.333"});
   }
 
-  std::printf("== tcp (CRC off)\n");
-  {
+  if (only.empty() || only == "tcp") {
+    std::printf("== tcp (CRC off)\n");
     channel_pair tcp("tcp", false);
     for (auto bytes : sizes) {
       int n = messages_for(bytes);
@@ -387,7 +389,7 @@ int main(int argc, char** argv) {
     add({"tcp_latency_64B_one_way", v * 1e6, "us", base * 1e6, v / base,
          "baseline: raw socket ping-pong"});
   }
-  {
+  if (only.empty() || only == "tcp") {
     channel_pair tcp("tcp", true);
     int n = messages_for(16 * MiB);
     double raw =
