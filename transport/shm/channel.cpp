@@ -44,6 +44,22 @@ void signal(std::atomic<std::uint32_t>& seq) noexcept {
   futex_wake(&seq);
 }
 
+/// Counts a sleeper in a `*_waiting` word while it lives, so that the
+/// other side knows to signal() it.
+class counted_sleeper {
+public:
+  explicit counted_sleeper(std::atomic<std::uint32_t>& waiting)
+      : waiting_(waiting) {
+    waiting_.fetch_add(1, std::memory_order_seq_cst);
+  }
+  ~counted_sleeper() { waiting_.fetch_sub(1, std::memory_order_seq_cst); }
+  counted_sleeper(const counted_sleeper&) = delete;
+  counted_sleeper& operator=(const counted_sleeper&) = delete;
+
+private:
+  std::atomic<std::uint32_t>& waiting_;
+};
+
 // -- the segment --------------------------------------------------------------
 
 /// One direction. The ring carries frames: head and tail count bytes since
@@ -341,13 +357,15 @@ private:
   /// until it frees one again.
   std::optional<std::uint64_t> allocate_block(std::uint64_t bytes) {
     take_freed_blocks();
-    const auto until = std::chrono::steady_clock::now() + free_wait;
+    std::optional<std::chrono::steady_clock::time_point> until;
     for (;;) {
       auto at = heap_.where(bytes);
       const bool warm = at && *at + bytes <= heap_.high_water();
       if (warm || heap_.blocks() == 0 || reader_holds_)
         return heap_.allocate(bytes);
-      if (!wait_for_free(until)) {
+      if (!until) // only a wait reads the clock
+        until = std::chrono::steady_clock::now() + free_wait;
+      if (!wait_for_free(*until)) {
         reader_holds_ = true;
         return heap_.allocate(bytes);
       }
@@ -363,11 +381,7 @@ private:
     };
     if (spin_until(arrived, spin_budget(spin_wanted)))
       return true;
-    out_->writer_waiting.fetch_add(1, std::memory_order_seq_cst);
-    struct uncount {
-      std::atomic<std::uint32_t>& w;
-      ~uncount() { w.fetch_sub(1, std::memory_order_seq_cst); }
-    } counted{out_->writer_waiting};
+    counted_sleeper counted(out_->writer_waiting);
     for (;;) {
       const std::uint32_t seen =
         out_->space_seq.load(std::memory_order_seq_cst);
@@ -409,11 +423,7 @@ private:
     };
     if (spin_until([&] { return check_shut(), ready() || woken(); }, spin))
       return;
-    waiting.fetch_add(1, std::memory_order_seq_cst);
-    struct uncount {
-      std::atomic<std::uint32_t>& w;
-      ~uncount() { w.fetch_sub(1, std::memory_order_seq_cst); }
-    } counted{waiting};
+    counted_sleeper counted(waiting);
     for (;;) {
       check_shut();
       if (ready() || woken())
