@@ -3,6 +3,7 @@
 #include "planner_impl.hpp"
 
 #include "h2/core/error.hpp"
+#include "h2/core/plan.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -37,7 +38,7 @@ planner::impl::impl(const job_config& j, chip_measurements& m,
                     planner_options opt)
     : job(&j),
       options(std::move(opt)),
-      kind(options.schedule.value_or(j.plan.schedule)),
+      pipeline_schedule(options.schedule.value_or(j.plan.schedule)),
       costs(j, m) {
   std::vector<chip_id> ids = options.chips;
   if (ids.empty()) {
@@ -72,11 +73,11 @@ planner::impl::impl(const job_config& j, chip_measurements& m,
           name =
             c->profile.name + "/" + std::string(to_string(c->compute_dtype));
       class_name.push_back(name);
-      class_capacity.push_back(key.second);
-      members.emplace_back();
+      class_capacity_bytes.push_back(key.second);
+      class_members.emplace_back();
     }
     chip_class.push_back(it->second);
-    members[static_cast<std::size_t>(it->second)].push_back(
+    class_members[static_cast<std::size_t>(it->second)].push_back(
       static_cast<int>(chip_class.size()) - 1);
   }
   H2_ENFORCE(j.train.global_batch >= 1, "global_batch=", j.train.global_batch);
@@ -98,8 +99,6 @@ std::vector<int> planner::impl::micro_batch_sizes(int seqs) const {
 }
 
 planner::impl::simulator_input planner::impl::pipelines_of(const plan& p) {
-  const auto& cfg = job->model;
-  const int L = cfg.num_layers();
   const std::size_t R = p.replicas.size();
   auto chip_of = [&](const chip_id& id) {
     const chip_spec* c = job->find_chip(id);
@@ -107,16 +106,6 @@ planner::impl::simulator_input planner::impl::pipelines_of(const plan& p) {
       throw config_error("plan", "no chip " + id.to_string() + " in the job");
     return c;
   };
-  // holder[r][l]: the stage of replica r holding layer l.
-  std::vector<std::vector<int>> holder(
-    R, std::vector<int>(static_cast<std::size_t>(L), -1));
-  for (std::size_t r = 0; r < R; ++r)
-    for (std::size_t s = 0; s < p.replicas[r].stages.size(); ++s) {
-      const auto& st = p.replicas[r].stages[s];
-      for (int l = std::max(0, st.first_layer); l < std::min(L, st.end_layer);
-           ++l)
-        holder[r][static_cast<std::size_t>(l)] = static_cast<int>(s);
-    }
   simulator_input out;
   for (std::size_t r = 0; r < R; ++r) {
     const auto& rep = p.replicas[r];
@@ -148,32 +137,26 @@ planner::impl::simulator_input planner::impl::pipelines_of(const plan& p) {
     }
     out.pipelines.push_back(std::move(sp));
   }
-  // Reduction groups: maximal runs of layers held by the same stage of
-  // every replica (what the runtime reduces together), in layer order.
-  if (R > 1) {
-    for (int first = 0; first < L;) {
-      auto same = [&](int a, int b) {
-        for (std::size_t r = 0; r < R; ++r)
-          if (holder[r][static_cast<std::size_t>(a)] !=
-              holder[r][static_cast<std::size_t>(b)])
-            return false;
-        return true;
-      };
-      int end = first + 1;
-      while (end < L && same(first, end))
-        ++end;
-      simulated_reduction red;
-      std::vector<const chip_spec*> ring;
-      for (std::size_t r = 0; r < R; ++r) {
-        int s = holder[r][static_cast<std::size_t>(first)];
-        red.members.emplace_back(static_cast<int>(r), s);
-        ring.push_back(
-          chip_of(p.replicas[r].stages[static_cast<std::size_t>(s)].chip));
-      }
-      red.seconds = costs.allreduce_seconds(ring, first, end);
-      out.reductions.push_back(std::move(red));
-      first = end;
+  // Reduction groups: what the runtime reduces together (core/plan.hpp,
+  // reduction_groups()), in layer order; member r is a chip of replica r.
+  for (const auto& group : reduction_groups(p)) {
+    simulated_reduction red;
+    std::vector<const chip_spec*> ring;
+    for (std::size_t r = 0; r < group.members.size(); ++r) {
+      const auto& stages = p.replicas[r].stages;
+      const auto held =
+        std::find_if(stages.begin(), stages.end(), [&](const stage_plan& st) {
+          return st.chip == group.members[r];
+        });
+      H2_ENFORCE(held != stages.end(), "reduction group member ",
+                 group.members[r].to_string(), " is no stage of replica ", r);
+      red.members.emplace_back(static_cast<int>(r),
+                               static_cast<int>(held - stages.begin()));
+      ring.push_back(chip_of(group.members[r]));
     }
+    red.seconds =
+      costs.allreduce_seconds(ring, group.first_layer, group.end_layer);
+    out.reductions.push_back(std::move(red));
   }
   return out;
 }
@@ -402,13 +385,13 @@ const planner_options& planner::options() const noexcept {
   return impl_->options;
 }
 schedule_kind planner::schedule() const noexcept {
-  return impl_->kind;
+  return impl_->pipeline_schedule;
 }
 cost_model& planner::costs() noexcept {
   return impl_->costs;
 }
 std::size_t planner::simulations() const noexcept {
-  return impl_->simulations + impl_->sim.runs();
+  return impl_->simulations + impl_->pipeline_simulator.runs();
 }
 
 std::vector<pipeline_candidate> planner::stage_one() {
@@ -466,7 +449,7 @@ std::string diagnose(planner::impl& im) {
   for (int s = 0; s < p && next < L; ++s) {
     const chip_spec& chip = *order[static_cast<std::size_t>(s)];
     const double cap = im.costs.capacity_bytes(chip);
-    const int inflight = in_flight_bound(im.kind, p, s, m);
+    const int inflight = in_flight_bound(im.pipeline_schedule, p, s, m);
     // The last stage must end with the head.
     int lo = s + 1 == p ? L : next + 1;
     int best = -1;
@@ -546,14 +529,14 @@ std::optional<suggested_change> find_change(planner::impl& im,
   std::vector<int> classes(im.class_name.size());
   std::iota(classes.begin(), classes.end(), 0);
   std::stable_sort(classes.begin(), classes.end(), [&](int a, int b) {
-    return im.class_capacity[static_cast<std::size_t>(a)] >
-           im.class_capacity[static_cast<std::size_t>(b)];
+    return im.class_capacity_bytes[static_cast<std::size_t>(a)] >
+           im.class_capacity_bytes[static_cast<std::size_t>(b)];
   });
   std::optional<suggested_change> best;
   const int limit = std::max(64, 4 * static_cast<int>(im.chips.size()));
   for (int k : classes) {
     const chip_spec& like = *im.chips[static_cast<std::size_t>(
-      im.members[static_cast<std::size_t>(k)].front())];
+      im.class_members[static_cast<std::size_t>(k)].front())];
     suggested_change c{suggested_change::kind::add_chips, like.device,
                        like.compute_dtype, 0, 0};
     auto fits = [&](int count) {

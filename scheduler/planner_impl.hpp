@@ -1,5 +1,5 @@
-// Private to scheduler/: what planner.cpp, stage_one.cpp and stage_two.cpp
-// share.
+// Private to scheduler/: what planner.cpp, stage_one.cpp and the stage-2
+// sources (stage_two*.cpp, stage_two_impl.hpp) share.
 #pragma once
 
 #include "h2/scheduler/planner.hpp"
@@ -12,19 +12,22 @@ namespace h2::scheduler {
 struct planner::impl {
   impl(const job_config& job, chip_measurements& m, planner_options opt);
 
-  const job_config* job;
+  const job_config* job; ///< not owned; outlives the planner
   planner_options options;
-  schedule_kind kind;
-  std::vector<const chip_spec*> chips;
+  schedule_kind pipeline_schedule;     ///< the schedule of every plan
+  std::vector<const chip_spec*> chips; ///< the chips planned for, in id order
   cost_model costs;
-  phase_simulator sim;
+  /// Simulates one pipeline's phase for stage 2's inner loop; counts its
+  /// runs.
+  phase_simulator pipeline_simulator;
+  /// Pipelines simulated by simulate_plan() (one per replica).
   std::size_t simulations = 0;
 
   /// Chips the planner treats alike: same profile, dtype and capacity.
-  std::vector<int> chip_class;           ///< per chip
-  std::vector<std::string> class_name;   ///< per class, e.g. "h100-sxm"
-  std::vector<double> class_capacity;    ///< per class
-  std::vector<std::vector<int>> members; ///< per class: chips in id order
+  std::vector<int> chip_class;                 ///< per chip: its class
+  std::vector<std::string> class_name;         ///< per class, e.g. "h100-sxm"
+  std::vector<double> class_capacity_bytes;    ///< per class
+  std::vector<std::vector<int>> class_members; ///< per class: chips in id order
 
   /// Sequences of the global batch.
   int sequences() const noexcept { return job->train.global_batch; }

@@ -69,7 +69,7 @@ std::vector<pipeline_candidate> planner::impl::stage_one() {
   auto replica_may_fit = [&](const std::vector<int>& rep) {
     double cap = 0;
     for (int c : rep)
-      cap += class_capacity[static_cast<std::size_t>(
+      cap += class_capacity_bytes[static_cast<std::size_t>(
         chip_class[static_cast<std::size_t>(c)])];
     return cap >= model_static;
   };
@@ -160,13 +160,13 @@ std::vector<pipeline_candidate> planner::impl::stage_one() {
   std::vector<double> speed(static_cast<std::size_t>(classes));
   for (int k = 0; k < classes; ++k) {
     const chip_spec& c = *chips[static_cast<std::size_t>(
-      members[static_cast<std::size_t>(k)].front())];
+      class_members[static_cast<std::size_t>(k)].front())];
     const auto& co = costs.coefficients(c, 1);
     double t = co.block.forward_seconds + co.block.backward_seconds;
     speed[static_cast<std::size_t>(k)] = t > 0 ? 1.0 / t : 0.0;
   }
   auto count = [&](int k) {
-    return static_cast<int>(members[static_cast<std::size_t>(k)].size());
+    return static_cast<int>(class_members[static_cast<std::size_t>(k)].size());
   };
   auto add = [&](pipeline_candidate c) {
     c.description = describe(c);
@@ -175,10 +175,11 @@ std::vector<pipeline_candidate> planner::impl::stage_one() {
 
   // (a) One pipeline: the classes in some order, a class's chips together
   // in id (node) order, so neighbouring stages share a node where they can.
-  for (const auto& order : class_orders(classes, class_capacity, speed, true)) {
+  for (const auto& order :
+       class_orders(classes, class_capacity_bytes, speed, true)) {
     std::vector<int> rep;
     for (int k : order)
-      for (int c : members[static_cast<std::size_t>(k)])
+      for (int c : class_members[static_cast<std::size_t>(k)])
         rep.push_back(c);
     if (static_cast<int>(rep.size()) <= L && replica_may_fit(rep))
       add(pipeline_candidate{{replica_group{{rep}}}, ""});
@@ -194,12 +195,12 @@ std::vector<pipeline_candidate> planner::impl::stage_one() {
       if (g % r != 0 || B % r != 0 || n / r > L)
         continue;
       for (const auto& order :
-           class_orders(classes, class_capacity, speed, false)) {
+           class_orders(classes, class_capacity_bytes, speed, false)) {
         replica_group grp;
         for (int q = 0; q < r; ++q) {
           std::vector<int> rep;
           for (int k : order) {
-            const auto& mem = members[static_cast<std::size_t>(k)];
+            const auto& mem = class_members[static_cast<std::size_t>(k)];
             const int per = count(k) / r;
             for (int i = q * per; i < (q + 1) * per; ++i)
               rep.push_back(mem[static_cast<std::size_t>(i)]);
@@ -223,9 +224,9 @@ std::vector<pipeline_candidate> planner::impl::stage_one() {
       for (int r = 1; r <= count(k); ++r) {
         if (count(k) % r != 0 || count(k) / r > L)
           continue;
-        std::vector<int> rep(members[static_cast<std::size_t>(k)].begin(),
-                             members[static_cast<std::size_t>(k)].begin() +
-                               count(k) / r);
+        std::vector<int> rep(
+          class_members[static_cast<std::size_t>(k)].begin(),
+          class_members[static_cast<std::size_t>(k)].begin() + count(k) / r);
         if (!replica_may_fit(rep))
           break; // shallower replicas hold even less
         choices[static_cast<std::size_t>(k)].push_back(r);
@@ -247,7 +248,7 @@ std::vector<pipeline_candidate> planner::impl::stage_one() {
           ch[static_cast<std::size_t>(pick[static_cast<std::size_t>(k)])];
         const int per = count(k) / r;
         replica_group grp;
-        const auto& mem = members[static_cast<std::size_t>(k)];
+        const auto& mem = class_members[static_cast<std::size_t>(k)];
         for (int q = 0; q < r; ++q)
           grp.replicas.emplace_back(mem.begin() + q * per,
                                     mem.begin() + (q + 1) * per);

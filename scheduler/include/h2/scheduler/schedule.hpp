@@ -1,4 +1,4 @@
-// Pipeline schedules (DESIGN.md, "Schedule"): a pure function of (kind,
+// Pipeline schedules (docs/architecture.md, "Schedule"): a pure function of (kind,
 // stages, micro-batches) that returns the ordered op list of every stage for
 // one step. The runtime and the simulator execute the same lists.
 //
