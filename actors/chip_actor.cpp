@@ -2,14 +2,15 @@
 
 #include "h2/actors/atoms.hpp"
 #include "h2/actors/errors.hpp"
+#include "h2/actors/messages.hpp"
 
 namespace h2::actors {
 
 namespace {
 
 struct chip_state {
-  worker_setup setup;
-  std::unique_ptr<stage_worker> worker;
+  runtime::worker_setup setup;
+  std::unique_ptr<runtime::stage_worker> worker;
 
   void close_channels() noexcept { setup.close_channels(); }
 
@@ -29,7 +30,7 @@ struct chip_state {
 
 } // namespace
 
-caf::behavior chip_actor(caf::event_based_actor* self, worker_setup setup) {
+caf::behavior chip_actor(caf::event_based_actor* self, runtime::worker_setup setup) {
   auto state = std::make_shared<chip_state>();
   state->setup = std::move(setup);
   self->attach_functor([state] {
@@ -38,30 +39,30 @@ caf::behavior chip_actor(caf::event_based_actor* self, worker_setup setup) {
     state->worker.reset();
   });
   return {
-    [state](setup_atom) -> caf::result<setup_report> {
+    [state](setup_atom) -> caf::result<runtime::setup_report> {
       try {
-        state->worker = std::make_unique<stage_worker>(state->setup);
+        state->worker = std::make_unique<runtime::stage_worker>(state->setup);
         return state->worker->ready_report();
       } catch (...) {
         state->close_channels();
         return current_exception_error();
       }
     },
-    [state](step_atom, const step_command& cmd) {
+    [state](step_atom, const runtime::step_command& cmd) {
       return state->with_worker(
-        [&](stage_worker& w) { return w.run_step(cmd); });
+        [&](runtime::stage_worker& w) { return w.run_step(cmd); });
     },
-    [state](update_atom, const update_command& cmd) {
+    [state](update_atom, const runtime::update_command& cmd) {
       return state->with_worker(
-        [&](stage_worker& w) { return w.apply_update(cmd); });
+        [&](runtime::stage_worker& w) { return w.apply_update(cmd); });
     },
-    [state](eval_atom, const eval_command& cmd) {
+    [state](eval_atom, const runtime::eval_command& cmd) {
       return state->with_worker(
-        [&](stage_worker& w) { return w.run_eval(cmd); });
+        [&](runtime::stage_worker& w) { return w.run_eval(cmd); });
     },
     [state](params_atom) {
       return state->with_worker(
-        [&](stage_worker& w) { return w.parameters(); });
+        [&](runtime::stage_worker& w) { return w.parameters(); });
     },
   };
 }

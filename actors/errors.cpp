@@ -29,6 +29,8 @@ std::string_view to_string(errc code) noexcept {
       return "internal error";
     case errc::failed:
       return "failed";
+    case errc::step_timeout:
+      return "step timeout";
   }
   return "unknown";
 }

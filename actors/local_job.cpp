@@ -3,8 +3,9 @@
 #include "h2/actors/atoms.hpp"
 #include "h2/actors/chip_actor.hpp"
 #include "h2/actors/errors.hpp"
+#include "h2/actors/messages.hpp"
 #include "h2/actors/scheduler_actor.hpp"
-#include "h2/transport/inproc/channel.hpp"
+#include "h2/runtime/links.hpp"
 
 #include <caf/actor_system.hpp>
 #include <caf/scoped_actor.hpp>
@@ -12,6 +13,7 @@
 namespace h2::actors {
 
 void configure_actor_system(caf::actor_system_config& cfg) {
+  using namespace runtime;
   cfg.add_message_type<chip_id>("h2.chip_id");
   cfg.add_message_type<op_record>("h2.op_record");
   cfg.add_message_type<clock_pair>("h2.clock_pair");
@@ -34,38 +36,16 @@ void configure_actor_system(caf::actor_system_config& cfg) {
   cfg.set("work-stealing.moderate-poll-attempts", 1);
 }
 
-namespace {
-
-/// `w` with in-process channels to each of its peers.
-worker_setup connect_local(
-  worker_setup w,
-  const std::map<chip_link, std::pair<std::shared_ptr<transport::channel>,
-                                      std::shared_ptr<transport::channel>>>&
-    links,
-  const job_config& job) {
-  const chip_id self = w.assignment.chip;
-  for (auto& [peer, link] : w.peers) {
-    bool low = self < peer;
-    const auto& pair = links.at(low ? chip_link{self, peer}
-                                    : chip_link{peer, self});
-    link.channel = low ? pair.first : pair.second;
-    link.profile = job.find_chip(peer)->profile;
-  }
-  return w;
-}
-
-} // namespace
-
 local_job::local_job(std::shared_ptr<const job_config> job, plan p)
     : job_(std::move(job)), plan_(std::move(p)) {
 }
 
 local_job::~local_job() = default;
 
-std::vector<parameter_values>
+std::vector<runtime::parameter_values>
 local_job::parameters_of(const chip_id& chip) const {
   auto i = chip_parameters_.find(chip);
-  return i == chip_parameters_.end() ? std::vector<parameter_values>{}
+  return i == chip_parameters_.end() ? std::vector<runtime::parameter_values>{}
                                      : i->second;
 }
 
@@ -76,8 +56,9 @@ void local_job::abort() noexcept {
     ch->close();
 }
 
-run_summary local_job::run(const run_options& opts, training_observer& observer,
-                           std::shared_ptr<std::atomic<int>> stop) {
+runtime::run_summary local_job::run(const run_options& opts,
+                                    runtime::training_observer& observer,
+                                    std::shared_ptr<std::atomic<int>> stop) {
   caf::actor_system_config cfg;
   configure_actor_system(cfg);
   caf::actor_system system{cfg};
@@ -89,28 +70,30 @@ run_summary local_job::run(const run_options& opts, training_observer& observer,
   ctx->observer = &observer;
   ctx->stop = std::move(stop);
 
-  // One in-process channel per pair of chips that exchange tensors.
-  std::map<chip_link, std::pair<std::shared_ptr<transport::channel>,
-                                std::shared_ptr<transport::channel>>>
-    links;
-  for (const auto& l : plan_links(plan_)) {
-    auto [a, b] = transport::inproc::make_pair();
-    std::lock_guard<std::mutex> guard(mutex_);
-    channels_.push_back(std::shared_ptr<transport::channel>(std::move(a)));
-    channels_.push_back(std::shared_ptr<transport::channel>(std::move(b)));
-    links[l] = {channels_[channels_.size() - 2], channels_.back()};
-  }
-  for (auto& w : make_worker_setups(job_, plan_, origin, cancel_))
-    ctx->chips.push_back(system.spawn<caf::detached>(
-      chip_actor, connect_local(std::move(w), links, *job_)));
+  // Every chip runs in this process: every node rank maps to it, so every
+  // pair of chips is joined in-process.
+  std::map<int, transport::endpoint_address> here;
+  for (const auto* c : job_->chips())
+    here[c->id.node].node_rank = 0;
+  auto setups = runtime::make_worker_setups(job_, plan_, origin, cancel_);
+  runtime::wire_channels(setups, runtime::assign_links(plan_, here, "")[0],
+                         *job_, nullptr, transport::deadline::max(),
+                         [this](const std::shared_ptr<transport::channel>& ch) {
+                           std::lock_guard<std::mutex> guard(mutex_);
+                           channels_.push_back(ch);
+                         });
+  for (auto& w : setups)
+    ctx->chips.push_back(system.spawn<caf::detached>(chip_actor, std::move(w)));
 
   auto sched = spawn_scheduler(system, ctx);
-  std::optional<run_summary> result;
+  std::optional<runtime::run_summary> result;
   std::optional<failure> failed;
   {
     caf::scoped_actor self{system};
+    // No deadline for the whole run: every request the scheduler makes of a
+    // chip has one (runtime.step_timeout_seconds), so it always answers.
     self->request(sched, caf::infinite, train_atom::value, opts.steps)
-      .receive([&](run_summary& s) { result = s; },
+      .receive([&](runtime::run_summary& s) { result = s; },
                [&](caf::error& e) { failed = to_failure(e); });
     parameters_.clear();
     chip_parameters_.clear();
@@ -118,25 +101,28 @@ run_summary local_job::run(const run_options& opts, training_observer& observer,
       // Chips come replica by replica, stage by stage: replica 0's first,
       // in layer order.
       const auto stages = plan_.replicas.front().stages.size();
-      std::vector<chip_id> order;
-      for (const auto& r : plan_.replicas)
-        for (const auto& s : r.stages)
-          order.push_back(s.chip);
+      const auto order = plan_chips(plan_);
       for (std::size_t i = 0; i < ctx->chips.size() && !failed; ++i)
-        self->request(ctx->chips[i], caf::infinite, params_atom::value)
+        self->request(ctx->chips[i], step_timeout(*job_), params_atom::value)
           .receive(
-            [&](std::vector<parameter_values>& ps) {
+            [&](std::vector<runtime::parameter_values>& ps) {
               if (i < stages)
                 parameters_.insert(parameters_.end(), ps.begin(), ps.end());
               chip_parameters_[order[i]] = std::move(ps);
             },
-            [&](caf::error& e) { failed = to_failure(e); });
+            [&](caf::error& e) {
+              failed = request_failure(e, *job_, order[i]);
+            });
     }
     for (auto& chip : ctx->chips)
       self->send_exit(chip, caf::exit_reason::user_shutdown);
     self->send_exit(sched, caf::exit_reason::user_shutdown);
   }
-  // Chips still blocked in a wait end it when their channels close.
+  // Chips still at work on a failed run (a step past its timeout, say) stop:
+  // their waits end and their op loops throw. Chips blocked in a channel
+  // wait end it when their channels close.
+  if (failed)
+    cancel_->cancel();
   {
     std::lock_guard<std::mutex> guard(mutex_);
     for (auto& ch : channels_)

@@ -2,7 +2,8 @@
 
 #include "h2/actors/atoms.hpp"
 #include "h2/actors/errors.hpp"
-#include "h2/model/optim.hpp"
+#include "h2/actors/messages.hpp"
+#include "h2/runtime/step_control.hpp"
 
 #include <caf/actor_system.hpp>
 #include <caf/event_based_actor.hpp>
@@ -10,6 +11,8 @@
 #include <caf/stateful_actor.hpp>
 
 #include <cmath>
+#include <optional>
+#include <sstream>
 
 namespace h2::actors {
 
@@ -21,10 +24,7 @@ struct scheduler_state {
   int steps = 0;
   int step = 0;
   double virtual_barrier = 0;
-  run_summary summary;
-  double timed_seconds = 0; ///< steps after the first (run clock)
-  double timed_tokens = 0;
-  double bubble_sum = 0;
+  std::optional<runtime::run_totals> totals;
 };
 
 namespace {
@@ -54,70 +54,52 @@ void gather(self_ptr self, OnAll on_all, Ts... xs) {
     }
     on_all(std::move(p->replies));
   };
+  const auto& ctx = *self->state.ctx;
+  const auto ids = plan_chips(ctx.the_plan);
+  const auto timeout = step_timeout(*ctx.job);
   for (std::size_t i = 0; i < chips.size(); ++i)
-    self->request(chips[i], caf::infinite, xs...)
+    self->request(chips[i], timeout, xs...)
       .then(
         [p, i, finish](Reply& r) {
           p->replies[i] = std::move(r);
           finish();
         },
-        [p, finish](caf::error& e) {
-          p->failures.push_back(to_failure(e));
+        [self, p, finish, chip = ids.at(i)](caf::error& e) {
+          p->failures.push_back(
+            request_failure(e, *self->state.ctx->job, chip));
           finish();
         });
 }
 
 void next_step(self_ptr self);
 
-void finish(self_ptr self) {
+void finish(self_ptr self, bool stopped_early) {
   auto& st = self->state;
-  auto& s = st.summary;
-  if (st.timed_seconds > 0) {
-    s.mean_step_seconds = st.timed_seconds / std::max(1, s.steps - 1);
-    s.tokens_per_second = st.timed_tokens / st.timed_seconds;
-  }
-  s.mean_bubble_fraction = s.steps > 0 ? st.bubble_sum / s.steps : 0;
-  st.done.deliver(s);
+  st.done.deliver(st.totals->summary(stopped_early));
 }
 
-bool eval_due(const job_config& job, int completed, int steps) {
-  int every = job.train.eval_every;
-  return every > 0 && (completed % every == 0 || completed == steps);
-}
-
-void on_updates(self_ptr self, double lr, double grad_norm, double clip,
-                const std::vector<chip_step_report>& steps,
-                const std::vector<chip_update_report>& updates) {
+void on_updates(self_ptr self, const runtime::update_decision& decision,
+                const std::vector<runtime::chip_step_report>& steps,
+                const std::vector<runtime::chip_update_report>& updates) {
   auto& st = self->state;
   const job_config& job = *st.ctx->job;
-  auto summary =
-    summarize_step(st.step, job.emulation.clock, job.tokens_per_step(), lr,
-                   grad_norm, clip, steps, updates);
+  const auto& cmd = decision.command;
+  auto summary = runtime::summarize_step(
+    st.step, job.emulation.clock, job.tokens_per_step(), cmd.lr,
+    decision.grad_norm, cmd.clip_coefficient, steps, updates);
   st.virtual_barrier = summary.virtual_end;
-  auto& s = st.summary;
-  s.steps = st.step + 1;
-  s.final_loss = summary.loss;
-  s.virtual_seconds = summary.virtual_end;
-  for (const auto& u : updates)
-    s.wall_seconds = std::max(s.wall_seconds, u.end.wall_seconds);
-  // The first step pays for warm-up (allocations, caches): leave it out of
-  // the averages when there are others.
-  if (st.step > 0 || st.steps == 1) {
-    st.timed_seconds += summary.step_seconds;
-    st.timed_tokens += static_cast<double>(job.tokens_per_step());
-  }
-  st.bubble_sum += summary.bubble_fraction;
+  st.totals->add(summary, updates, job.tokens_per_step());
   if (st.ctx->observer != nullptr)
     st.ctx->observer->on_step(summary);
   ++st.step;
-  if (!eval_due(job, st.step, st.steps)) {
+  if (!runtime::eval_due(job, st.step, st.steps)) {
     next_step(self);
     return;
   }
-  eval_command cmd{st.step - 1, st.virtual_barrier};
-  gather<chip_eval_report>(
+  runtime::eval_command eval{st.step - 1, st.virtual_barrier};
+  gather<runtime::chip_eval_report>(
     self,
-    [self](std::vector<chip_eval_report> reports) {
+    [self](std::vector<runtime::chip_eval_report> reports) {
       auto& st = self->state;
       double loss = 0;
       for (const auto& r : reports) {
@@ -125,57 +107,46 @@ void on_updates(self_ptr self, double lr, double grad_norm, double clip,
         st.virtual_barrier =
           std::max(st.virtual_barrier, r.end.virtual_seconds);
       }
-      st.summary.final_val_loss = loss;
+      st.totals->add_eval(loss);
       if (st.ctx->observer != nullptr)
         st.ctx->observer->on_eval(st.step - 1, loss);
       next_step(self);
     },
-    eval_atom::value, cmd);
+    eval_atom::value, eval);
 }
 
-void on_steps(self_ptr self, std::vector<chip_step_report> steps) {
+void on_steps(self_ptr self, std::vector<runtime::chip_step_report> steps) {
   auto& st = self->state;
-  const job_config& job = *st.ctx->job;
-  double norm = grad_norm_of(steps);
-  if (!std::isfinite(norm)) {
-    // Applying it would turn every weight into NaN: stop, as Megatron does.
-    double loss = 0;
-    for (const auto& r : steps)
-      loss += r.loss;
-    st.done.deliver(make_error(
-      errc::failed, "step " + std::to_string(st.step + 1) +
-                      ": the global gradient norm is not finite (loss " +
-                      std::to_string(loss) +
-                      "); lower train.lr or enable train.grad_clip"));
+  runtime::update_decision decision;
+  try {
+    decision = runtime::decide_update(*st.ctx->job, st.step, steps);
+  } catch (...) {
+    st.done.deliver(current_exception_error());
     return;
   }
-  double clip = model::clip_coefficient(norm, job.train.grad_clip);
-  double lr = model::learning_rate(job.train, st.step);
-  update_command cmd{st.step, lr, clip, virtual_phase_end(steps)};
-  gather<chip_update_report>(
+  gather<runtime::chip_update_report>(
     self,
-    [self, lr, norm, clip,
-     steps = std::move(steps)](std::vector<chip_update_report> updates) {
-      on_updates(self, lr, norm, clip, steps, updates);
+    [self, decision, steps = std::move(steps)](
+      std::vector<runtime::chip_update_report> updates) {
+      on_updates(self, decision, steps, updates);
     },
-    update_atom::value, cmd);
+    update_atom::value, decision.command);
 }
 
 void next_step(self_ptr self) {
   auto& st = self->state;
   if (st.step >= st.steps) {
-    finish(self);
+    finish(self, false);
     return;
   }
   if (st.ctx->stop && st.ctx->stop->load() != 0) {
-    st.summary.stopped_early = true;
-    finish(self);
+    finish(self, true);
     return;
   }
-  step_command cmd{st.step, st.virtual_barrier};
-  gather<chip_step_report>(
+  runtime::step_command cmd{st.step, st.virtual_barrier};
+  gather<runtime::chip_step_report>(
     self,
-    [self](std::vector<chip_step_report> steps) {
+    [self](std::vector<runtime::chip_step_report> steps) {
       on_steps(self, std::move(steps));
     },
     step_atom::value, cmd);
@@ -191,13 +162,14 @@ caf::behavior scheduler_actor(self_ptr self, std::shared_ptr<run_context> ctx) {
     return err;
   });
   return {
-    [self](train_atom, int steps) -> caf::result<run_summary> {
+    [self](train_atom, int steps) -> caf::result<runtime::run_summary> {
       auto& st = self->state;
       st.done = self->make_response_promise();
       st.steps = steps;
-      gather<setup_report>(
+      st.totals.emplace(steps);
+      gather<runtime::setup_report>(
         self,
-        [self](std::vector<setup_report> reports) {
+        [self](std::vector<runtime::setup_report> reports) {
           auto& st = self->state;
           if (st.ctx->observer != nullptr)
             st.ctx->observer->on_setup(st.ctx->the_plan, reports);
@@ -210,6 +182,22 @@ caf::behavior scheduler_actor(self_ptr self, std::shared_ptr<run_context> ctx) {
 }
 
 } // namespace
+
+std::chrono::milliseconds step_timeout(const job_config& job) {
+  return std::chrono::milliseconds(static_cast<std::int64_t>(
+    std::ceil(job.runtime.step_timeout_seconds * 1000)));
+}
+
+failure request_failure(const caf::error& e, const job_config& job,
+                        const chip_id& chip) {
+  if (e != caf::sec::request_timeout)
+    return to_failure(e);
+  std::ostringstream msg;
+  msg << "chip " << chip.to_string() << " did not answer within "
+      << job.runtime.step_timeout_seconds
+      << " s (runtime.step_timeout_seconds)";
+  return {errc::step_timeout, msg.str()};
+}
 
 caf::actor spawn_scheduler(caf::actor_system& system,
                            std::shared_ptr<run_context> ctx) {

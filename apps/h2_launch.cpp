@@ -30,7 +30,7 @@ int run_in_process(const std::string& job_path, const apps::run_flags& f) {
   apps::reporter reporter(*job, ro, metrics.registry());
 
   apps::signal_watcher signals([&local] { local.abort(); });
-  actors::run_summary summary;
+  runtime::run_summary summary;
   try {
     summary = local.run({job->train.steps, !f.export_path.empty()}, reporter,
                         signals.stop_flag());

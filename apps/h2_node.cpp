@@ -7,7 +7,7 @@
 #include "h2/apps/reporter.hpp"
 #include "h2/apps/session.hpp"
 #include "h2/apps/signals.hpp"
-#include "h2/transport/framed.hpp"
+#include "h2/transport/handshake.hpp"
 
 #include <arpa/inet.h>
 #include <atomic>
@@ -126,7 +126,7 @@ int run_node(node_flags& nf) {
 
   actors::node_options o;
   o.job = job;
-  o.job_digest = actors::cluster_node::digest(apps::job_text(nf.job_path));
+  o.job_digest = transport::job_digest(apps::job_text(nf.job_path));
   o.rank = nf.rank;
   o.world_size = nf.world_size;
   o.coordinator_host = nf.coordinator.substr(0, colon);

@@ -3,7 +3,7 @@
 // h2-launch --plan; the simulated step as a trace or an SVG timeline; a
 // comparison with the even plan and the homogeneous sub-clusters.
 #include "h2/apps/app.hpp"
-#include "h2/apps/auto_plan.hpp"
+#include "h2/runtime/auto_plan.hpp"
 #include "h2/apps/exit_codes.hpp"
 #include "h2/core/job.hpp"
 #include "h2/core/plan.hpp"
@@ -184,7 +184,7 @@ int run(const options& opt) {
   po.max_replicas = opt.max_replicas;
   po.rank_candidates = opt.candidates;
 
-  apps::profiled_measurements m(job);
+  runtime::profiled_measurements m(job);
   scheduler::planner pl(job, m, po);
   auto t0 = std::chrono::steady_clock::now();
   auto result = pl.run();

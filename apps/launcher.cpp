@@ -3,9 +3,9 @@
 #include "h2/apps/exit_codes.hpp"
 #include "h2/apps/signals.hpp"
 #include "h2/core/error.hpp"
+#include "h2/core/random.hpp"
 
 #include <nlohmann/json.hpp>
-#include <openssl/rand.h>
 
 #include <atomic>
 #include <condition_variable>
@@ -137,7 +137,7 @@ std::string make_temp_dir() {
 std::string make_secret_file(const std::string& dir) {
   std::string path = dir + "/secret";
   unsigned char bytes[32];
-  RAND_bytes(bytes, sizeof(bytes));
+  random_bytes(bytes, sizeof(bytes)); // throws random_error when the RNG fails
   int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
   if (fd < 0)
     throw error("cannot write " + path);

@@ -23,20 +23,6 @@ std::string human_bytes(double bytes) {
   return buf;
 }
 
-std::string op_name(std::uint8_t kind) {
-  switch (kind) {
-    case static_cast<std::uint8_t>(actors::extra_op::optimizer):
-      return "optimizer";
-    case static_cast<std::uint8_t>(actors::extra_op::eval_forward):
-      return "eval forward";
-    case static_cast<std::uint8_t>(actors::extra_op::allreduce):
-      return "allreduce";
-    default:
-      return std::string(
-        scheduler::to_string(static_cast<scheduler::op_kind>(kind)));
-  }
-}
-
 } // namespace
 
 reporter::reporter(const job_config& job, reporter_options options,
@@ -66,8 +52,8 @@ metrics::label_set reporter::chip_labels(const chip_id& id, int stage) const {
 }
 
 void reporter::on_setup(const plan& p,
-                        const std::vector<actors::setup_report>& chips) {
-  std::map<chip_id, const actors::setup_report*> report_of;
+                        const std::vector<runtime::setup_report>& chips) {
+  std::map<chip_id, const runtime::setup_report*> report_of;
   for (const auto& r : chips)
     report_of[r.chip] = &r;
   std::FILE* out = options_.out;
@@ -127,7 +113,7 @@ void reporter::on_setup(const plan& p,
   std::fflush(out);
 }
 
-void reporter::update_metrics(const actors::step_summary& s) {
+void reporter::update_metrics(const runtime::step_summary& s) {
   auto& r = *registry_;
   r.get_counter("h2_steps_total", "Optimizer steps completed.").inc();
   r.get_counter("h2_tokens_total", "Tokens trained on.")
@@ -191,10 +177,10 @@ void reporter::update_metrics(const actors::step_summary& s) {
   }
 }
 
-void reporter::trace_step(const actors::step_summary& s) {
+void reporter::trace_step(const runtime::step_summary& s) {
   for (const auto& t : s.ops) {
     nlohmann::json args = {{"step", s.step}, {"micro_batch", t.op.micro_batch}};
-    std::string name = op_name(t.op.kind);
+    std::string name(runtime::to_string(t.op.kind));
     bool wait = name.rfind("recv", 0) == 0;
     trace_->complete(wait ? "wait " + name.substr(5) : name,
                      wait ? "idle" : "compute", t.chip.node, t.chip.index,
@@ -202,7 +188,7 @@ void reporter::trace_step(const actors::step_summary& s) {
   }
 }
 
-void reporter::on_step(const actors::step_summary& s) {
+void reporter::on_step(const runtime::step_summary& s) {
   if (registry_ != nullptr)
     update_metrics(s);
   if (trace_)
@@ -265,7 +251,7 @@ void reporter::on_eval(int step, double val_loss) {
   }
 }
 
-void reporter::finish(const actors::run_summary& s) {
+void reporter::finish(const runtime::run_summary& s) {
   std::FILE* out = options_.out;
   std::fprintf(out, "h2: %s after %d step%s: loss %.4f",
                s.stopped_early ? "stopped" : "done", s.steps,

@@ -1,13 +1,14 @@
 #include "h2/apps/session.hpp"
 
 #include "h2/apps/app.hpp"
-#include "h2/apps/auto_plan.hpp"
+#include "h2/runtime/auto_plan.hpp"
 #include "h2/core/error.hpp"
 #include "h2/scheduler/plan_builder.hpp"
 
 #include <nlohmann/json.hpp>
 
 #include <cstring>
+#include <cstdlib>
 #include <fstream>
 #include <iostream>
 #include <sstream>
@@ -77,6 +78,17 @@ std::shared_ptr<job_config> load_job(const std::string& path,
     parse_job(job_text(path), path.empty() ? "built-in demo.toml" : path));
   if (flags.steps > 0)
     job->train.steps = flags.steps;
+  // H2_TRANSPORT overrides transport.backend (docs/job-file.md), as the
+  // job file's own key would: the run reads the override from its config.
+  if (const char* env = std::getenv("H2_TRANSPORT"); env != nullptr && *env) {
+    const std::string backend = env;
+    if (backend != "auto" && backend != "shm" && backend != "tcp" &&
+        backend != "rdma")
+      throw config_error("H2_TRANSPORT",
+                         "expected \"auto\", \"shm\", \"tcp\" or \"rdma\", "
+                         "got \"" + backend + "\"");
+    job->transport.backend = backend;
+  }
   return job;
 }
 
@@ -91,7 +103,7 @@ chosen_plan choose_plan(const run_flags& flags, const job_config& job) {
     return {scheduler::make_plan(job), std::nullopt};
   std::cout << "h2: plan.mode = \"auto\": profiling the chips and planning"
             << std::endl;
-  auto r = plan_job(job);
+  auto r = runtime::plan_job(job);
   std::cout << "h2: HeteroAuto: " << r.report.summary() << std::endl;
   std::istringstream why(r.report.explain());
   for (std::string line; std::getline(why, line);)
@@ -122,7 +134,7 @@ metrics_service::metrics_service(const job_config& job, const run_flags& flags,
 }
 
 void write_safetensors(const std::string& path,
-                       const std::vector<actors::parameter_values>& params,
+                       const std::vector<runtime::parameter_values>& params,
                        const std::string& job_name) {
   nlohmann::json header;
   header["__metadata__"] = {

@@ -1,7 +1,7 @@
 // What every benchmark shares: result records written as a JSON list of
 // {name, value, unit, baseline, ratio} (appended to the file given with
 // --out), and small statistics. Benchmarks print ratios against a baseline
-// measured in the same run (CONVENTIONS.md rule 10).
+// measured in the same run (docs/conventions.md, rule 10).
 #pragma once
 
 #include "h2/core/error.hpp"

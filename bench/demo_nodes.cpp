@@ -3,6 +3,7 @@
 // tcp. Runs the real binaries (h2-launch, h2-node) and reads their JSON
 // logs; the first steps (warm-up) are left out.
 #include "bench_common.hpp"
+#include "test_jobs.hpp" // the demo split over nodes, as the tests split it
 
 #include <nlohmann/json.hpp>
 
@@ -14,22 +15,6 @@
 namespace h2::bench {
 namespace {
 
-const std::string two_nodes = R"([[nodes]]
-chips = ["emulated:h100-sxm", "emulated:mi250x"]
-[[nodes]]
-chips = ["emulated:a100-sxm-40gb", "emulated:a100-sxm-40gb"]
-)";
-
-const std::string four_nodes = R"([[nodes]]
-chips = ["emulated:h100-sxm"]
-[[nodes]]
-chips = ["emulated:mi250x"]
-[[nodes]]
-chips = ["emulated:a100-sxm-40gb"]
-[[nodes]]
-chips = ["emulated:a100-sxm-40gb"]
-)";
-
 std::string read_all(const std::filesystem::path& p) {
   std::ifstream in(p);
   std::stringstream s;
@@ -39,15 +24,7 @@ std::string read_all(const std::filesystem::path& p) {
 
 /// The demo job with its [[nodes]] replaced by `nodes` (empty: as is).
 std::string demo_with(const std::string& nodes) {
-  std::string job =
-    read_all(std::string(H2_SOURCE_DIR) + "/examples/demo.toml");
-  if (nodes.empty())
-    return job;
-  auto at = job.find("[[nodes]]");
-  auto end = job.find("[plan]");
-  H2_ENFORCE(at != std::string::npos && end != std::string::npos,
-             "examples/demo.toml has [[nodes]] and [plan]");
-  return job.substr(0, at) + nodes + "\n" + job.substr(end);
+  return test::demo_job_with_nodes(H2_SOURCE_DIR, nodes);
 }
 
 /// Median wall seconds per step of the demo over `nodes` processes, steps
@@ -102,10 +79,12 @@ int main(int argc, char** argv) {
     int count;
     std::string transport;
   };
-  for (const auto& c : {config{"2_nodes_shm", &two_nodes, 2, "shm"},
-                        config{"4_nodes_shm", &four_nodes, 4, "shm"},
-                        config{"2_nodes_tcp", &two_nodes, 2, "tcp"},
-                        config{"4_nodes_tcp", &four_nodes, 4, "tcp"}}) {
+  const auto* two = &h2::test::demo_on_two_nodes;
+  const auto* four = &h2::test::demo_on_four_nodes;
+  for (const auto& c : {config{"2_nodes_shm", two, 2, "shm"},
+                        config{"4_nodes_shm", four, 4, "shm"},
+                        config{"2_nodes_tcp", two, 2, "tcp"},
+                        config{"4_nodes_tcp", four, 4, "tcp"}}) {
     double s = step_seconds(dir, c.name, demo_with(*c.nodes), c.count,
                             c.transport, steps, warm);
     add({"demo_step_" + c.name, s, "s", one, s / one,

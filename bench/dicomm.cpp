@@ -1,10 +1,12 @@
 // DiComm's backends against plain baselines measured in the same run
 // (issue 3): shm throughput vs a single-thread memcpy and its one-way
 // 64-byte latency vs a plain futex mailbox; tcp throughput vs a blocking
-// socket sender/receiver and vs Gloo's TCP pair (CRC off), and its 64-byte
-// ping-pong vs the raw socket's. Both ends live in this process, on two
-// threads (the shm and tcp paths are the ones two processes use: an
-// abstract Unix socket and memfd rings, a loopback TCP connection).
+// socket sender/receiver and vs Gloo's TCP pair (CRC off), its 64-byte
+// ping-pong vs the raw socket's, and the one-way time of a 64-byte message
+// to a receiver that sleeps (one wake-up) vs a blocking socket recv. Both
+// ends live in this process, on two threads (the shm and tcp paths are the
+// ones two processes use: an abstract Unix socket and memfd rings, a
+// loopback TCP connection).
 #include "bench_common.hpp"
 
 #include "h2/transport/endpoint.hpp"
@@ -131,6 +133,45 @@ double channel_latency(channel_pair& p, int rounds) {
   double s = seconds_since(t0);
   echo.get();
   return s / rounds / 2;
+}
+
+/// Pause before each message of the asleep latencies: longer than any
+/// receive polls (transport/spin.hpp: at most 500 us), so that the receiver
+/// sleeps when the message comes.
+constexpr auto asleep_gap = std::chrono::milliseconds(1);
+
+std::int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+           clock_type::now().time_since_epoch())
+    .count();
+}
+
+/// One-way latency of a 64-byte message to a receiver that sleeps when it
+/// comes (one wake-up): the median over `n` messages, each sent
+/// `asleep_gap` after the last, of its receive time minus its send time.
+double channel_latency_asleep(channel_pair& p, int n) {
+  std::vector<double> seconds(static_cast<std::size_t>(n));
+  auto rx = std::async(std::launch::async, [&] {
+    for (int i = 0; i < n; ++i) {
+      auto m = p.rx->recv(3, wait_long);
+      const std::int64_t now = now_ns();
+      std::int64_t sent = 0;
+      std::memcpy(&sent, m.bytes.data(), sizeof(sent));
+      seconds[static_cast<std::size_t>(i)] =
+        static_cast<double>(now - sent) * 1e-9;
+    }
+  });
+  for (int i = 0; i < n; ++i) {
+    std::this_thread::sleep_for(asleep_gap);
+    transport::message m;
+    m.tag = 3;
+    m.bytes.resize(64);
+    const std::int64_t sent = now_ns();
+    std::memcpy(m.bytes.data(), &sent, sizeof(sent));
+    p.tx->send(std::move(m));
+  }
+  rx.get();
+  return quantile(seconds, 0.5);
 }
 
 /// A plain futex mailbox: one 64-byte slot and a sequence word; the reader
@@ -266,6 +307,32 @@ double socket_latency(int rounds) {
   return sec / rounds / 2;
 }
 
+/// channel_latency_asleep() over a raw socket pair (blocking recv).
+double socket_latency_asleep(int n) {
+  socket_pair s;
+  std::vector<double> seconds(static_cast<std::size_t>(n));
+  auto rx = std::thread([&] {
+    char buf[64];
+    for (int i = 0; i < n; ++i) {
+      recv_all(s.b, buf, 64);
+      const std::int64_t now = now_ns();
+      std::int64_t sent = 0;
+      std::memcpy(&sent, buf, sizeof(sent));
+      seconds[static_cast<std::size_t>(i)] =
+        static_cast<double>(now - sent) * 1e-9;
+    }
+  });
+  char buf[64] = {};
+  for (int i = 0; i < n; ++i) {
+    std::this_thread::sleep_for(asleep_gap);
+    const std::int64_t sent = now_ns();
+    std::memcpy(buf, &sent, sizeof(sent));
+    send_all(s.a, buf, 64);
+  }
+  rx.join();
+  return quantile(seconds, 0.5);
+}
+
 #if H2_BENCH_GLOO
 /// Gloo's TCP pair: rank 0 sends `n` buffers of `bytes` to rank 1 (unbound
 /// buffers, the API torch.distributed's Gloo backend uses for send/recv).
@@ -388,6 +455,11 @@ int main(int argc, char** argv) {
     double v = median_of(repeats, [&] { return channel_latency(tcp, 5000); });
     add({"tcp_latency_64B_one_way", v * 1e6, "us", base * 1e6, v / base,
          "baseline: raw socket ping-pong"});
+    base = median_of(repeats, [] { return socket_latency_asleep(300); });
+    v = median_of(repeats, [&] { return channel_latency_asleep(tcp, 300); });
+    add({"tcp_latency_64B_one_way_asleep", v * 1e6, "us", base * 1e6, v / base,
+         "receiver asleep (1 ms between messages); baseline: blocking "
+         "socket recv"});
   }
   if (only.empty() || only == "tcp") {
     channel_pair tcp("tcp", true);

@@ -6,7 +6,7 @@
 // predicted step time and throughput are recorded beside it.
 #include "bench_common.hpp"
 
-#include "h2/apps/auto_plan.hpp"
+#include "h2/runtime/auto_plan.hpp"
 #include "h2/core/job.hpp"
 #include "h2/scheduler/compare.hpp"
 #include "h2/scheduler/planner.hpp"
@@ -29,7 +29,7 @@ int main(int argc, char** argv) {
     double best = 1e300;
     scheduler::planned result;
     for (int run = 0; run < 3; ++run) {
-      apps::profiled_measurements m(job);
+      runtime::profiled_measurements m(job);
       auto t0 = std::chrono::steady_clock::now();
       result = scheduler::plan_auto(job, m);
       best = std::min(best, std::chrono::duration<double>(

@@ -16,7 +16,7 @@ namespace h2::bench {
 inline double mean_step_seconds(std::shared_ptr<const job_config> job,
                                 const plan& p, int steps, int skip) {
   actors::local_job local(std::move(job), p);
-  actors::step_recorder c;
+  runtime::step_recorder c;
   local.run({steps, false}, c);
   double total = 0;
   for (int i = skip; i < steps; ++i)

@@ -9,9 +9,10 @@
 // - emulation fidelity: each compute op's wall duration / its emulated
 //   duration: median and spread.
 #include "bench_common.hpp"
+#include "test_jobs.hpp" // the unit tests' small model
 
 #include "h2/actors/local_job.hpp"
-#include "h2/actors/messages.hpp"
+#include "h2/runtime/reports.hpp"
 #include "h2/core/job.hpp"
 #include "h2/scheduler/plan_builder.hpp"
 
@@ -21,18 +22,8 @@ using namespace h2;
 
 namespace {
 
-const char* job_toml = R"(
-[job]
-name = "overhead"
-[model]
-vocab_size = 17
-seq_len = 16
-d_model = 32
-n_head = 2
-n_layer = 2
-[data]
-source = "markov"
-entropy_rate = 1.0
+const std::string job_toml = "[job]\nname = \"overhead\"\n" +
+                             h2::test::model_toml(17, 16, 32, 2, 2) + R"(
 [train]
 steps = 30
 global_batch = 16
@@ -50,7 +41,7 @@ chips = ["emulated:h100-sxm", "emulated:mi250x",
 int main(int argc, char** argv) {
   auto job = std::make_shared<job_config>(parse_job(job_toml, "overhead"));
   actors::local_job local(job, scheduler::make_plan(*job));
-  actors::step_recorder c;
+  runtime::step_recorder c;
   local.run({job->train.steps, false}, c);
 
   double wall = 0, virt = 0;
@@ -61,8 +52,11 @@ int main(int argc, char** argv) {
     wall += s.wall_step_seconds;
     virt += s.virtual_step_seconds;
     for (const auto& t : s.ops) {
-      auto kind = t.op.kind;
-      bool compute = kind == 1 || kind == 4 || kind == 100; // fwd, bwd, opt
+      using runtime::recorded_op;
+      const auto kind = t.op.kind;
+      const bool compute = kind == recorded_op::forward ||
+                           kind == recorded_op::backward ||
+                           kind == recorded_op::optimizer;
       if (compute && t.op.virtual_seconds > 0)
         ratios.push_back((t.op.end - t.op.start) / t.op.virtual_seconds);
     }

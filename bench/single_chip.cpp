@@ -62,7 +62,7 @@ double bare_loop(const job_config& job, int steps, bool accounted) {
 
 double h2_run(std::shared_ptr<job_config> job, int steps) {
   actors::local_job local(job, scheduler::make_plan(*job));
-  actors::step_recorder c;
+  runtime::step_recorder c;
   local.run({steps + 1, false}, c);
   // From the start of the second step to the end of the last, gaps between
   // steps included, as the bare loop's clock sees them.

@@ -11,7 +11,7 @@
 #include "bench_common.hpp"
 #include "run_plan.hpp"
 
-#include "h2/apps/auto_plan.hpp"
+#include "h2/runtime/auto_plan.hpp"
 #include "h2/core/job.hpp"
 #include "h2/scheduler/compare.hpp"
 #include "h2/scheduler/planner.hpp"
@@ -43,7 +43,7 @@ int main(int argc, char** argv) {
   {
     auto job =
       load_job_file(std::string(H2_SOURCE_DIR) + "/examples/superlinear.toml");
-    apps::profiled_measurements m(job);
+    runtime::profiled_measurements m(job);
     auto best = scheduler::plan_auto(job, m);
     auto c = scheduler::compare_with_baselines(job, m, {}, best.report);
     std::string predicted_parts, measured_parts;
@@ -85,7 +85,7 @@ int main(int argc, char** argv) {
     const auto job = parse_job(demo_job_toml(), "demo.toml");
     job_config planned = job;
     planned.plan.mode = plan_mode::automatic;
-    apps::profiled_measurements m(planned);
+    runtime::profiled_measurements m(planned);
     auto best = scheduler::plan_auto(planned, m);
     auto c = scheduler::compare_with_baselines(planned, m, {}, best.report);
     records.push_back(

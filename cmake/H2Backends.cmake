@@ -1,4 +1,4 @@
-# Optional hardware backends (CONVENTIONS.md rule 3). Each option takes
+# Optional hardware backends (docs/conventions.md, rule 3). Each option takes
 # AUTO (build it when the toolkit is found), ON (the toolkit must be found) or
 # OFF. Backends are compiled whenever their toolkit exists, even on machines
 # without the hardware; the result is recorded in the generated h2/config.hpp.

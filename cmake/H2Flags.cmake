@@ -1,5 +1,5 @@
 # One INTERFACE target carries the language level, warnings and sanitizer
-# options of H2's own code (CONVENTIONS.md rule 4).
+# options of H2's own code (docs/conventions.md, rule 4).
 add_library(h2_flags INTERFACE)
 add_library(h2::flags ALIAS h2_flags)
 target_compile_features(h2_flags INTERFACE cxx_std_20)

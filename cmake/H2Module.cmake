@@ -24,6 +24,8 @@ function(h2_add_test name)
   add_executable(${name} ${ARG_SOURCES})
   target_link_libraries(${name} PRIVATE h2_flags ${ARG_DEPS} GTest::gtest
                                         GTest::gtest_main)
+  # tests/test_jobs.hpp: the job fixtures every suite shares.
+  target_include_directories(${name} PRIVATE ${PROJECT_SOURCE_DIR}/tests)
   target_compile_definitions(${name} PRIVATE
     H2_SOURCE_DIR="${PROJECT_SOURCE_DIR}" H2_BINARY_DIR="${PROJECT_BINARY_DIR}")
   gtest_discover_tests(${name}

@@ -527,6 +527,9 @@ void read_transport(table_reader& root, job_config& job) {
     number_in(*t, "shm_ring_mb", 16, 0, 1 << 20, true) * (1 << 20));
   tr.shm_heap_bytes = static_cast<std::uint64_t>(
     number_in(*t, "shm_heap_mb", 256, 0, 1 << 20) * (1 << 20));
+  // 64 KiB to 1 GiB: the rdma backend's credits are 32-bit immediates.
+  tr.rdma_ring_bytes = static_cast<std::uint64_t>(
+    number_in(*t, "rdma_ring_mb", 16, 1.0 / 16, 1024) * (1 << 20));
   tr.bucket_bytes = static_cast<std::uint64_t>(
     number_in(*t, "bucket_mb", 25, 0, 1 << 20, true) * (1 << 20));
   tr.reduce_dtype = enum_value(*t, "reduce_dtype", tr.reduce_dtype,
@@ -538,6 +541,16 @@ void read_transport(table_reader& root, job_config& job) {
                                    return dtype::bf16;
                                  return std::nullopt;
                                });
+  t->finish();
+}
+
+void read_runtime(table_reader& root, job_config& job) {
+  auto t = root.maybe_table("runtime");
+  if (!t)
+    return;
+  job.runtime.step_timeout_seconds =
+    number_in(*t, "step_timeout_seconds", job.runtime.step_timeout_seconds, 0,
+              7 * 86400, true);
   t->finish();
 }
 
@@ -612,6 +625,7 @@ job_config parse_job(std::string_view toml_text, const std::string& origin) {
   read_plan(top, job);
   read_metrics(top, job);
   read_transport(top, job);
+  read_runtime(top, job);
   read_security(top, job);
   read_topology(top, job);
   top.finish();

@@ -173,6 +173,14 @@ std::vector<reduction_group> reduction_groups(const plan& p) {
   return out;
 }
 
+std::vector<chip_id> plan_chips(const plan& p) {
+  std::vector<chip_id> out;
+  for (const auto& r : p.replicas)
+    for (const auto& s : r.stages)
+      out.push_back(s.chip);
+  return out;
+}
+
 std::vector<chip_link> plan_links(const plan& p) {
   std::set<chip_link> links;
   auto add = [&](chip_id x, chip_id y) {

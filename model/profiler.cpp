@@ -107,7 +107,6 @@ layer_profile chip_profiler::layer(const chip_spec& chip, layer_kind kind,
     if (run > 0) { // the first run warms caches and allocators up
       fwd.push_back(tf);
       bwd.push_back(tb);
-      ++runs_;
     }
   }
   return {median(fwd), median(bwd)};
@@ -128,10 +127,8 @@ double chip_profiler::optimizer(const chip_spec& chip, layer_kind kind) {
     auto t0 = std::chrono::steady_clock::now();
     adamw_update(*l, job_->train, job_->train.lr, run + 1, 1.0);
     dev.synchronize();
-    if (run > 0) {
+    if (run > 0)
       times.push_back(seconds_since(t0));
-      ++runs_;
-    }
   }
   return median(times);
 }

@@ -1,8 +1,8 @@
-#include "h2/apps/auto_plan.hpp"
+#include "h2/runtime/auto_plan.hpp"
 
 #include "h2/model/profiler.hpp"
 
-namespace h2::apps {
+namespace h2::runtime {
 
 profiled_measurements::profiled_measurements(const job_config& job, int repeats)
     : profiler_(std::make_unique<model::chip_profiler>(job, repeats)) {
@@ -22,14 +22,10 @@ double profiled_measurements::optimizer(const chip_spec& chip,
   return profiler_->optimizer(chip, kind);
 }
 
-int profiled_measurements::real_runs() const noexcept {
-  return profiler_->runs();
-}
-
 scheduler::planned plan_job(const job_config& job,
                             const scheduler::planner_options& options) {
   profiled_measurements m(job);
   return scheduler::plan_auto(job, m, options);
 }
 
-} // namespace h2::apps
+} // namespace h2::runtime

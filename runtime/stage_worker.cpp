@@ -1,4 +1,4 @@
-#include "h2/actors/stage_worker.hpp"
+#include "h2/runtime/stage_worker.hpp"
 
 #include "h2/model/optim.hpp"
 #include "h2/transport/collectives.hpp"
@@ -10,7 +10,7 @@
 #include <ATen/core/grad_mode.h>
 #include <c10/util/Exception.h>
 
-namespace h2::actors {
+namespace h2::runtime {
 
 using scheduler::op_kind;
 using transport::make_tag;
@@ -192,9 +192,8 @@ at::Tensor stage_worker::receive(const chip_id& peer, std::uint64_t tag,
     // Waits of the pipeline are its bubble; a reduction's waits are part of
     // the reduction's own op record.
     ctx.idle_seconds += idle;
-    ctx.ops.push_back({static_cast<std::uint8_t>(kind == tag_kind::gradient
-                                                   ? op_kind::recv_backward
-                                                   : op_kind::recv_forward),
+    ctx.ops.push_back({kind == tag_kind::gradient ? recorded_op::recv_backward
+                                                  : recorded_op::recv_forward,
                        micro_batch, wait_start, clock.now(),
                        clock.virtual_now() - v0});
   }
@@ -288,7 +287,7 @@ chip_step_report stage_worker::run_step(const step_command& cmd) {
           device_->synchronize();
           r.forward_seconds +=
             device_->complete_op(w0, emulated(forward_emulated));
-          ctx.ops.push_back({static_cast<std::uint8_t>(op_kind::forward), mb,
+          ctx.ops.push_back({recorded_op::forward, mb,
                              t0, clock.now(), clock.virtual_now() - v0});
           if (stage_->has_head())
             r.loss += out.item<double>();
@@ -329,7 +328,7 @@ chip_step_report stage_worker::run_step(const step_command& cmd) {
           if (recompute && seconds >= 0)
             seconds += forward_emulated;
           r.backward_seconds += device_->complete_op(w0, emulated(seconds));
-          ctx.ops.push_back({static_cast<std::uint8_t>(op_kind::backward), mb,
+          ctx.ops.push_back({recorded_op::backward, mb,
                              t0, clock.now(), clock.virtual_now() - v0});
           break;
         }
@@ -379,7 +378,7 @@ chip_update_report stage_worker::apply_update(const update_command& cmd) {
     r.optimizer_seconds = device_->complete_op(w0, emulated_seconds);
     r.end = clocks();
     r.memory = memory_now();
-    r.op = {static_cast<std::uint8_t>(extra_op::optimizer), 0, t0, clock.now(),
+    r.op = {recorded_op::optimizer, 0, t0, clock.now(),
             clock.virtual_now() - v0};
     return r;
   });
@@ -509,7 +508,7 @@ void stage_worker::reduce_gradients(std::int64_t step, op_context& ctx) {
       }
     }
   }
-  ctx.ops.push_back({static_cast<std::uint8_t>(extra_op::allreduce), 0, t0,
+  ctx.ops.push_back({recorded_op::allreduce, 0, t0,
                      clock.now(), clock.virtual_now() - v0});
 }
 
@@ -517,4 +516,4 @@ setup_report stage_worker::ready_report() const {
   return {device_->id(), stage_->parameter_count(), memory_now()};
 }
 
-} // namespace h2::actors
+} // namespace h2::runtime

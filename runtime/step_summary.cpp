@@ -1,4 +1,4 @@
-#include "h2/actors/step_summary.hpp"
+#include "h2/runtime/step_summary.hpp"
 
 #include "h2/core/error.hpp"
 
@@ -7,7 +7,7 @@
 #include <limits>
 #include <map>
 
-namespace h2::actors {
+namespace h2::runtime {
 
 double grad_norm_of(const std::vector<chip_step_report>& steps) {
   // (replica, first layer) orders the stages as the single model's layers.
@@ -108,4 +108,4 @@ step_summary summarize_step(int step, clock_mode clock, std::int64_t tokens,
   return s;
 }
 
-} // namespace h2::actors
+} // namespace h2::runtime

@@ -1,18 +1,26 @@
 #include "h2/transport/endpoint.hpp"
 
-#include "h2/transport/shm/channel.hpp"
-#include "h2/transport/tcp/channel.hpp"
+#include "h2/transport/inproc/backend.hpp"
+#include "h2/transport/rdma/backend.hpp"
+#include "h2/transport/shm/backend.hpp"
+#include "h2/transport/tcp/backend.hpp"
 
 #include <h2/config.hpp>
-#if H2_HAS_RDMA
-#include "h2/transport/rdma/channel.hpp"
-#endif
 
 #include <algorithm>
+#include <cstring>
 #include <fstream>
 #include <unistd.h>
 
 namespace h2::transport {
+
+bind_error::bind_error(std::string backend, std::string address,
+                       int sys_errno)
+    : error(backend + ": cannot listen on " + address + ": " +
+            std::strerror(sys_errno)),
+      address_(std::move(address)),
+      sys_errno_(sys_errno) {
+}
 
 std::string this_host_id() {
   std::string boot = "?";
@@ -24,69 +32,117 @@ std::string this_host_id() {
                              : std::string("?"));
 }
 
-std::vector<std::string> available_backends() {
-  std::vector<std::string> out{"shm"};
+namespace {
+
+/// One row of the backend table.
+struct backend_row {
+  std::string_view name;
+  /// The backend's own judgement, from the two addresses alone.
+  bool (*can_connect)(const endpoint_address&, const endpoint_address&);
+  /// Starts it in an endpoint; null for inproc (no endpoint: in-process
+  /// pairs are made by inproc::make_pair) and for a backend this build
+  /// lacks.
+  std::unique_ptr<backend> (*make)(const endpoint_options&);
+};
+
+/// Every backend, in the order choose_backend() tries them
+/// (docs/transport.md, Which backend): the cheapest that can join a pair
+/// first. The one place that knows the backends by name.
+constexpr backend_row backend_table[] = {
+  {"inproc", &inproc::can_connect, nullptr},
+  {"shm", &shm::can_connect, &shm::make_backend},
 #if H2_HAS_RDMA
-  out.push_back("rdma");
+  {"rdma", &rdma::can_connect, &rdma::make_backend},
+#else
+  {"rdma", &rdma::can_connect, nullptr},
 #endif
-  out.push_back("tcp");
+  {"tcp", &tcp::can_connect, &tcp::make_backend},
+};
+
+const backend_row* find_row(std::string_view name) {
+  for (const auto& row : backend_table)
+    if (row.name == name)
+      return &row;
+  return nullptr;
+}
+
+std::string known_backends() {
+  std::string out;
+  for (const auto& row : backend_table)
+    out += (out.empty() ? "\"" : ", \"") + std::string(row.name) + "\"";
   return out;
 }
 
-namespace {
+config_error unknown_backend(const std::string& name) {
+  return config_error("transport.backend", "unknown backend \"" + name +
+                                             "\" (known: " +
+                                             known_backends() + ")");
+}
 
 std::unique_ptr<backend> make(const std::string& name,
                               const endpoint_options& options) {
-  if (name == "shm")
-    return shm::make_backend(options);
-  if (name == "tcp")
-    return tcp::make_backend(options);
-#if H2_HAS_RDMA
-  if (name == "rdma")
-    return rdma::make_backend(options);
-#endif
-  throw config_error("transport.backend",
-                     "backend \"" + name + "\" is not built here");
+  const backend_row* row = find_row(name);
+  if (row == nullptr)
+    throw unknown_backend(name);
+  if (row->make == nullptr)
+    throw config_error("transport.backend",
+                       name == "inproc"
+                         ? std::string("inproc joins the chips of one node "
+                                       "and runs in no endpoint")
+                         : "backend \"" + name + "\" is not built here");
+  return row->make(options);
 }
 
-/// Whether backend `name` can join `a` and `b`, judged from the addresses.
-bool can_connect(const std::string& name, const endpoint_address& a,
-                 const endpoint_address& b) {
-  if (name == "shm")
-    return !a.shm_socket.empty() && !b.shm_socket.empty() &&
-           a.host_id == b.host_id;
-  if (name == "rdma")
-    return !a.rdma_device.empty() && !b.rdma_device.empty();
-  if (name == "tcp")
-    return a.tcp_port != 0 && b.tcp_port != 0;
-  return false;
+std::string nodes(const endpoint_address& a, const endpoint_address& b) {
+  return "node " + std::to_string(a.node_rank) + " and node " +
+         std::to_string(b.node_rank);
 }
 
 } // namespace
+
+std::vector<std::string> available_backends() {
+  std::vector<std::string> out;
+  for (const auto& row : backend_table)
+    if (row.make != nullptr)
+      out.emplace_back(row.name);
+  return out;
+}
 
 std::string choose_backend(const endpoint_address& a,
                            const endpoint_address& b,
                            const std::vector<std::string>& enabled,
                            std::string_view forced) {
+  // Row 0 first: one process needs no transport, whatever is forced.
+  const backend_row& local = backend_table[0];
+  if (local.can_connect(a, b))
+    return std::string(local.name);
+  auto is_enabled = [&](std::string_view name) {
+    return std::find(enabled.begin(), enabled.end(), name) != enabled.end();
+  };
   if (!forced.empty() && forced != "auto") {
     std::string f(forced);
-    if (std::find(enabled.begin(), enabled.end(), f) == enabled.end() ||
-        !can_connect(f, a, b))
+    const backend_row* row = find_row(f);
+    if (row == nullptr)
+      throw unknown_backend(f);
+    if (!is_enabled(f)) {
+      std::string list;
+      for (const auto& e : enabled)
+        list += (list.empty() ? "" : ", ") + e;
       throw config_error("transport.backend",
-                         "\"" + f + "\" cannot connect node " +
-                           std::to_string(a.node_rank) + " and node " +
-                           std::to_string(b.node_rank) +
+                         "\"" + f + "\" cannot connect " + nodes(a, b) +
+                           ": it is not enabled here (enabled: " + list + ")");
+    }
+    if (!row->can_connect(a, b))
+      throw config_error("transport.backend",
+                         "\"" + f + "\" cannot connect " + nodes(a, b) +
                            (f == "shm" ? " (they are on different hosts)"
                                        : ""));
     return f;
   }
-  for (const char* name : {"shm", "rdma", "tcp"})
-    if (std::find(enabled.begin(), enabled.end(), name) != enabled.end() &&
-        can_connect(name, a, b))
-      return name;
-  throw config_error("transport.backend",
-                     "no backend connects node " + std::to_string(a.node_rank) +
-                       " and node " + std::to_string(b.node_rank));
+  for (const auto& row : backend_table)
+    if (is_enabled(row.name) && row.can_connect(a, b))
+      return std::string(row.name);
+  throw config_error("transport.backend", "no backend connects " + nodes(a, b));
 }
 
 endpoint::endpoint(endpoint_options options) : options_(std::move(options)) {

@@ -5,263 +5,18 @@
 
 #include <ATen/ops/empty.h>
 #include <ATen/ops/from_blob.h>
-#include <openssl/crypto.h>
-#include <openssl/evp.h>
-#include <openssl/hmac.h>
-#include <openssl/rand.h>
 
+#include <algorithm>
+#include <condition_variable>
 #include <cstdlib>
 #include <cstring>
-#include <fstream>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <shared_mutex>
-#include <sstream>
+#include <utility>
 
 namespace h2::transport {
-
-// -- links: what a backend may leave out
-// ---------------------------------------------------------------
-
-std::optional<wire::placement> byte_link::place(buffer_view) {
-  return std::nullopt;
-}
-
-byte_link::adopted_payload byte_link::adopt(const wire::placement&) {
-  throw transport_error(transport_errc::corrupt_frame,
-                        "corrupt frame: " + std::string(backend()) + " peer " +
-                          peer() +
-                          " placed a payload outside the stream, which " +
-                          std::string(backend()) + " links never do");
-}
-
-// -- the job's secret
-// ----------------------------------------------------------
-
-job_secret::job_secret(std::string bytes) : bytes_(std::move(bytes)) {
-}
-
-job_secret job_secret::from_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in)
-    throw config_error("security.secret_file",
-                       "cannot read the job's secret \"" + path + "\"");
-  std::ostringstream text;
-  text << in.rdbuf();
-  std::string s = text.str();
-  while (!s.empty() && (s.back() == '\n' || s.back() == '\r' ||
-                        s.back() == ' ' || s.back() == '\t'))
-    s.pop_back();
-  if (s.empty())
-    throw config_error("security.secret_file",
-                       "the job's secret \"" + path + "\" is empty");
-  return job_secret(std::move(s));
-}
-
-std::array<std::uint8_t, 32>
-job_secret::prove(const std::string& message) const {
-  std::array<std::uint8_t, 32> out{};
-  unsigned int len = 0;
-  HMAC(EVP_sha256(), bytes_.data(), static_cast<int>(bytes_.size()),
-       reinterpret_cast<const unsigned char*>(message.data()), message.size(),
-       out.data(), &len);
-  return out;
-}
-
-// -- handshake
-// -----------------------------------------------------------------
-
-namespace {
-
-std::array<std::uint8_t, 32> random_nonce() {
-  std::array<std::uint8_t, 32> n{};
-  if (RAND_bytes(n.data(), static_cast<int>(n.size())) != 1)
-    throw error("no randomness for the handshake (RAND_bytes failed)");
-  return n;
-}
-
-std::string proof_message(const char* role,
-                          const std::array<std::uint8_t, 32>& nonce,
-                          std::uint64_t channel) {
-  std::string m(role);
-  m.append(reinterpret_cast<const char*>(nonce.data()), nonce.size());
-  m.append(reinterpret_cast<const char*>(&channel), sizeof(channel));
-  return m;
-}
-
-bool same(const std::array<std::uint8_t, 32>& a,
-          const std::array<std::uint8_t, 32>& b) {
-  return CRYPTO_memcmp(a.data(), b.data(), a.size()) == 0;
-}
-
-/// Reasons in a goodbye frame's payload.
-enum class goodbye_reason : std::uint32_t { closed = 0, unauthorized = 1 };
-
-void send_hello(byte_link& link, const wire::hello_payload& h) {
-  std::byte payload[wire::hello_bytes];
-  wire::encode(h, payload);
-  wire::frame_header fh;
-  fh.kind = wire::frame_kind::hello;
-  fh.payload_bytes = wire::hello_bytes;
-  std::byte header[wire::header_bytes];
-  wire::encode(fh, header);
-  link.write({{header, sizeof(header)}, {payload, sizeof(payload)}});
-}
-
-void send_goodbye(byte_link& link, goodbye_reason reason) noexcept {
-  try {
-    auto code = static_cast<std::uint32_t>(reason);
-    wire::frame_header fh;
-    fh.kind = wire::frame_kind::goodbye;
-    fh.payload_bytes = sizeof(code);
-    std::byte header[wire::header_bytes];
-    wire::encode(fh, header);
-    link.write({{header, sizeof(header)}, {&code, sizeof(code)}});
-  } catch (...) {
-    // The peer learns of the refusal from the closed link instead.
-  }
-}
-
-wire::hello_payload read_hello(byte_link& link, deadline until,
-                               std::uint32_t expected_step) {
-  std::byte header[wire::header_bytes];
-  link.read(header, sizeof(header), until);
-  auto fh = wire::decode(header, 1024);
-  if (fh.kind == wire::frame_kind::goodbye) {
-    std::uint32_t reason = 0;
-    if (fh.payload_bytes == sizeof(reason))
-      link.read(&reason, sizeof(reason), until);
-    if (reason == static_cast<std::uint32_t>(goodbye_reason::unauthorized))
-      throw transport_error(transport_errc::unauthorized,
-                            "peer " + link.peer() +
-                              " refused the job's secret");
-    throw transport_error(transport_errc::peer_closed,
-                          "peer " + link.peer() +
-                            " closed during the handshake");
-  }
-  if (fh.kind != wire::frame_kind::hello ||
-      fh.payload_bytes != wire::hello_bytes)
-    throw transport_error(transport_errc::corrupt_frame,
-                          "corrupt frame: expected a handshake from " +
-                            link.peer());
-  std::byte payload[wire::hello_bytes];
-  link.read(payload, sizeof(payload), until);
-  auto h = wire::decode_hello(payload, sizeof(payload));
-  if (h.step != expected_step)
-    throw transport_error(transport_errc::corrupt_frame,
-                          "corrupt frame: handshake step " +
-                            std::to_string(h.step) + " from " + link.peer());
-  return h;
-}
-
-[[noreturn]] void refuse(byte_link& link, const std::string& who) {
-  send_goodbye(link, goodbye_reason::unauthorized);
-  link.shutdown();
-  throw transport_error(transport_errc::unauthorized,
-                        who + " " + link.peer() +
-                          " does not know the job's secret");
-}
-
-} // namespace
-
-handshake_result dial_handshake(byte_link& link, const job_secret& secret,
-                                std::uint64_t channel, std::uint32_t rank,
-                                deadline until) {
-  wire::hello_payload challenge;
-  challenge.channel = channel;
-  challenge.node_rank = rank;
-  challenge.step = 1;
-  challenge.nonce = random_nonce();
-  send_hello(link, challenge);
-  auto response = read_hello(link, until, 2);
-  if (response.channel != channel)
-    throw transport_error(transport_errc::corrupt_frame,
-                          "corrupt frame: handshake for another channel");
-  if (!same(response.proof,
-            secret.prove(proof_message("acceptor", challenge.nonce, channel))))
-    refuse(link, "acceptor");
-  wire::hello_payload proof;
-  proof.channel = channel;
-  proof.node_rank = rank;
-  proof.step = 3;
-  proof.proof = secret.prove(proof_message("dialer", response.nonce, channel));
-  send_hello(link, proof);
-  read_hello(link, until, 4);
-  return {channel, response.node_rank};
-}
-
-handshake_result accept_handshake(byte_link& link, const job_secret& secret,
-                                  std::uint32_t rank, deadline until) {
-  auto challenge = read_hello(link, until, 1);
-  wire::hello_payload response;
-  response.channel = challenge.channel;
-  response.node_rank = rank;
-  response.step = 2;
-  response.nonce = random_nonce();
-  response.proof =
-    secret.prove(proof_message("acceptor", challenge.nonce, challenge.channel));
-  send_hello(link, response);
-  auto proof = read_hello(link, until, 3);
-  if (proof.channel != challenge.channel ||
-      !same(proof.proof, secret.prove(proof_message("dialer", response.nonce,
-                                                    challenge.channel))))
-    refuse(link, "dialer");
-  wire::hello_payload accepted;
-  accepted.channel = challenge.channel;
-  accepted.node_rank = rank;
-  accepted.step = 4;
-  send_hello(link, accepted);
-  return {challenge.channel, challenge.node_rank};
-}
-
-// -- tensors on the wire
-// ---------------------------------------------------------
-
-namespace {
-
-wire::dtype_code code_of(at::ScalarType t) {
-  switch (t) {
-    case at::kFloat:
-      return wire::dtype_code::float32;
-    case at::kBFloat16:
-      return wire::dtype_code::bfloat16;
-    case at::kHalf:
-      return wire::dtype_code::float16;
-    case at::kLong:
-      return wire::dtype_code::int64;
-    case at::kInt:
-      return wire::dtype_code::int32;
-    case at::kByte:
-      return wire::dtype_code::uint8;
-    case at::kDouble:
-      return wire::dtype_code::float64;
-    default:
-      throw error(std::string("DiComm cannot send tensors of type ") +
-                  c10::toString(t));
-  }
-}
-
-at::ScalarType scalar_type_of(wire::dtype_code c) {
-  switch (c) {
-    case wire::dtype_code::float32:
-      return at::kFloat;
-    case wire::dtype_code::bfloat16:
-      return at::kBFloat16;
-    case wire::dtype_code::float16:
-      return at::kHalf;
-    case wire::dtype_code::int64:
-      return at::kLong;
-    case wire::dtype_code::int32:
-      return at::kInt;
-    case wire::dtype_code::uint8:
-      return at::kByte;
-    case wire::dtype_code::float64:
-      return at::kDouble;
-  }
-  throw internal_error("unknown dtype code");
-}
-
-} // namespace
 
 // -- receive buffers
 // -------------------------------------------------------------
@@ -331,29 +86,41 @@ private:
 // -- receiving frames
 // ------------------------------------------------------------
 
+namespace {
+
+/// How often the reader thread looks again while receives read the link
+/// themselves; it drains what nobody waits for once none waits
+/// (docs/transport.md, Receiving).
+constexpr std::chrono::milliseconds park_interval{1};
+
+} // namespace
+
 /// Turns the link's bytes into messages, one frame at a time, resumably: it
 /// reads what the link has, keeps a partly read frame for the next call and
-/// delivers every completed one. Over a polled_link, waiting receives drive
-/// it (receive_progress) and the channel's reader thread only drains what
-/// nobody waits for; over any other link the reader thread blocks in read().
+/// delivers every completed one. The same path serves every link
+/// (docs/transport.md, Receiving): whoever holds `mutex_` reads, and that
+/// is a receive waiting for its message (receive_progress), a poll(), or
+/// the channel's reader thread. Of the waiting receives one watches the
+/// link (sleeps in wait_readable(), then reads what arrived), the others
+/// wait for it to deliver their message or to leave. The reader thread
+/// leaves the link to them while any waits; otherwise it waits for
+/// something to drain (byte_link::wait_drain), drains it, and so notices a
+/// dead peer.
 class framed_channel::receiver final : public receive_progress {
 public:
   receiver(byte_link& link, mailbox& inbox, framed_options options)
       : link_(&link),
-        polled_(dynamic_cast<polled_link*>(&link)),
         inbox_(&inbox),
         options_(options),
-        pool_(std::make_shared<receive_pool>()) {
+        pool_(std::make_shared<receive_pool>()),
+        read_ahead_(link.read_ahead_bytes()) {
     expect_header();
   }
-
-  /// Whether receives may read frames themselves.
-  bool polled() const noexcept { return polled_ != nullptr; }
 
   void poll() noexcept override {
     std::unique_lock<std::mutex> lock(mutex_, std::try_to_lock);
     if (lock.owns_lock() && link_ != nullptr && !ended_)
-      take_arrived();
+      take([] { return false; }, false);
   }
 
   void wait(const std::atomic<bool>& done,
@@ -363,50 +130,122 @@ public:
       return done.load(std::memory_order_acquire);
     };
     const auto start = clock::now();
+    // Dekker with serve(): either it sees this receive, or this receive
+    // sees it waiting for bytes and sends it away (else each message would
+    // wake both). Read-modify-writes, not fences, order the two sides
+    // (ThreadSanitizer models these).
+    waiters_.fetch_add(1, std::memory_order_seq_cst);
+    if (draining_.load(std::memory_order_seq_cst) &&
+        draining_.exchange(false, std::memory_order_seq_cst)) {
+      std::shared_lock<std::shared_mutex> alive(link_alive_);
+      if (link_ != nullptr)
+        link_->nudge();
+    }
     // Poll first: a message about to arrive is taken without any thread
-    // wake-up or system call. Only this thread spins (the reader thread
-    // sleeps), so this pays on two cores too.
+    // wake-up. Only this thread spins (the reader thread sleeps), so this
+    // pays on two cores too.
     spin_until(
       [&] {
         if (is_done())
           return true;
-        poll();
+        try_take(done);
         return is_done();
       },
       std::min<clock::duration>(spin_.budget(), until - start));
-    while (!is_done() && clock::now() < until)
-      sleep_and_take(done, until);
+    while (!is_done() && clock::now() < until) {
+      std::unique_lock<std::mutex> lock(turn_mutex_);
+      if (is_done() || stopping_)
+        break;
+      if (watching_.load(std::memory_order_relaxed) == 0) {
+        // Dekker with after_delivery(): it sees this watcher, or watch()
+        // sees the message it delivered.
+        watching_.exchange(1, std::memory_order_seq_cst);
+        lock.unlock();
+        bool gone = false;
+        {
+          // Keeps the link alive while this receive sleeps on it.
+          std::shared_lock<std::shared_mutex> alive(link_alive_);
+          gone = link_ == nullptr;
+          if (!gone)
+            watch(done, until);
+        }
+        lock.lock();
+        watching_.store(0, std::memory_order_seq_cst);
+        if (followers_.load(std::memory_order_relaxed) > 0)
+          turn_.notify_all(); // one of them watches now
+        if (gone)
+          break;
+      } else {
+        // Dekker with after_delivery(), as for the watcher.
+        followers_.fetch_add(1, std::memory_order_seq_cst);
+        turn_.wait_until(lock, until, [&] {
+          return is_done() || watching_.load(std::memory_order_relaxed) == 0 ||
+                 stopping_;
+        });
+        followers_.fetch_sub(1, std::memory_order_relaxed);
+      }
+    }
+    waiters_.fetch_sub(1, std::memory_order_seq_cst);
     if (is_done())
       spin_.observe(clock::now() - start);
   }
 
-  /// The reader thread over a polled_link: drains when the writer needs
-  /// room or once per liveness interval, until the link ends.
-  void serve_polled() {
+  /// The channel's reader thread, until the channel ends: drains what
+  /// nobody waits for as the link says there is some, leaves the link to
+  /// the receives while any waits, and fails the channel when the link
+  /// fails (a dead peer).
+  void serve() noexcept {
     for (;;) {
-      try {
-        polled_->wait_drain();
-      } catch (const transport_error& e) {
-        std::lock_guard<std::mutex> guard(mutex_);
-        fail(e);
-        return;
+      std::uint32_t seen = 0;
+      {
+        std::unique_lock<std::mutex> lock(turn_mutex_);
+        for (;;) {
+          // Receives read for themselves. Looking again every
+          // park_interval rather than being woken when the last one
+          // leaves keeps a stream of receives free of wake-ups of this
+          // thread.
+          while (!stopping_ && waiters_.load(std::memory_order_seq_cst) > 0)
+            park_.wait_for(lock, park_interval);
+          if (stopping_)
+            return;
+          // Before draining_: a receive's nudge() after it counts.
+          seen = link_->wake_count();
+          draining_.store(true, std::memory_order_seq_cst);
+          if (waiters_.fetch_add(0, std::memory_order_seq_cst) == 0)
+            break;
+          draining_.store(false, std::memory_order_seq_cst); // one came
+        }
       }
+      std::optional<transport_error> failure;
+      try {
+        link_->wait_drain(seen);
+      } catch (const transport_error& e) {
+        failure = e;
+      } catch (const std::exception& e) {
+        failure = waiting_failed(e);
+      }
+      // Sent away: a receive reads the link now.
+      const bool kicked = !draining_.exchange(false, std::memory_order_seq_cst);
+      if (kicked && !failure)
+        continue;
       std::lock_guard<std::mutex> guard(mutex_);
-      if (!ended_)
-        take_arrived();
+      if (failure)
+        fail(*failure);
+      else if (!ended_)
+        take([this] { return waiters_.load(std::memory_order_relaxed) > 0; },
+             false);
       if (ended_)
         return;
     }
   }
 
-  /// The reader thread over any other link: blocks in read() until the link
-  /// ends.
-  void serve_blocking() {
-    std::lock_guard<std::mutex> guard(mutex_);
-    take([this](void* p, std::size_t n) {
-      link_->read(p, n);
-      return n;
-    });
+  /// The channel was closed: the reader thread returns and receives that
+  /// wait for the watcher look again (their receive failed).
+  void stop() noexcept {
+    std::lock_guard<std::mutex> guard(turn_mutex_);
+    stopping_ = true;
+    turn_.notify_all();
+    park_.notify_all();
   }
 
   /// The channel is going away with its link: later calls do nothing.
@@ -414,56 +253,98 @@ public:
     std::unique_lock<std::shared_mutex> alive(link_alive_);
     std::lock_guard<std::mutex> guard(mutex_);
     link_ = nullptr;
-    polled_ = nullptr;
   }
 
 private:
   enum class phase { header, placement, payload };
 
-  /// Sleeps on the link until it has bytes, `done` is set or `until`, then
-  /// takes what arrived.
-  void sleep_and_take(const std::atomic<bool>& done,
-                      std::chrono::steady_clock::time_point until) noexcept {
-    std::shared_lock<std::shared_mutex> alive(link_alive_);
-    if (link_ == nullptr)
-      return;
-    std::optional<transport_error> failure;
-    waiters_.fetch_add(1);
-    try {
-      const std::uint32_t seen = polled_->wake_count();
-      if (!done.load())
-        polled_->wait_readable(seen, until);
-    } catch (const transport_error& e) {
-      if (e.code() != transport_errc::timeout) // the receive's own timeout
+  /// A wait on the link that failed otherwise than with a transport_error
+  /// (out of memory, a system error), as the channel's failure.
+  transport_error waiting_failed(const std::exception& e) const {
+    return transport_error(transport_errc::peer_closed,
+                           "waiting on the " + std::string(link_->backend()) +
+                             " link to " + link_->peer() + ": " + e.what());
+  }
+
+  /// take() of what the link has, unless another thread is reading.
+  void try_take(const std::atomic<bool>& done) noexcept {
+    std::unique_lock<std::mutex> lock(mutex_, std::try_to_lock);
+    if (lock.owns_lock() && link_ != nullptr && !ended_)
+      take([&] { return done.load(std::memory_order_acquire); }, false);
+  }
+
+  /// The watching receive: sleeps on the link until bytes arrive, takes
+  /// them, until `done`, `until` or the end of the channel.
+  void watch(const std::atomic<bool>& done,
+             std::chrono::steady_clock::time_point until) noexcept {
+    for (;;) {
+      std::optional<transport_error> failure;
+      try {
+        // Taken before the check: a message delivered by another thread
+        // after it nudges the link (after_delivery).
+        const std::uint32_t seen = link_->wake_count();
+        if (done.load(std::memory_order_acquire))
+          return;
+        link_->wait_readable(seen, until);
+      } catch (const transport_error& e) {
+        if (e.code() == transport_errc::timeout) // the receive's own timeout
+          return;
         failure = e;
+      } catch (const std::exception& e) {
+        failure = waiting_failed(e);
+      }
+      std::lock_guard<std::mutex> guard(mutex_);
+      if (failure) {
+        fail(*failure);
+        return;
+      }
+      if (ended_)
+        return;
+      take([&] { return done.load(std::memory_order_acquire); }, true);
+      if (ended_ || done.load(std::memory_order_acquire) ||
+          std::chrono::steady_clock::now() >= until)
+        return;
     }
-    waiters_.fetch_sub(1);
-    // Woken to read: wait for a thread that is reading now rather than spin.
-    std::lock_guard<std::mutex> guard(mutex_);
-    if (failure)
-      fail(*failure);
-    else if (link_ != nullptr && !ended_)
-      take_arrived();
   }
 
-  /// take() of what a polled_link has now. Requires mutex_.
-  void take_arrived() noexcept {
-    take([this](void* p, std::size_t n) { return polled_->read_some(p, n); });
-  }
-
-  /// Reads through `fill` (how many bytes it put into a buffer; 0 when none
-  /// are there) and delivers every frame completed, until `fill` has no more
-  /// or the link failed. Requires mutex_.
-  template <class Fill>
-  void take(Fill&& fill) noexcept {
+  /// Reads what the link has and delivers every frame completed, until the
+  /// link has nothing more for now, the link failed, or `stop()` holds
+  /// where the link would be read again (a receive whose message came, the
+  /// reader thread once a receive waits). `by_watcher`: the caller is the
+  /// watching receive. Requires mutex_.
+  template <class Stop>
+  void take(Stop&& stop, bool by_watcher) noexcept {
+    const std::uint64_t delivered = delivered_;
+    // The link had less than was asked: nothing more for now.
+    bool drained = false;
     try {
       for (;;) {
-        if (have_ < need_) {
-          have_ += fill(into_ + have_, need_ - have_);
-          if (have_ < need_)
-            return;
+        if (have_ == need_) {
+          next();
+          continue;
         }
-        next();
+        // Bytes read ahead go first: they are never left behind, as
+        // nobody would wake for them.
+        if (ahead_at_ < ahead_end_) {
+          const std::size_t n = std::min(ahead_end_ - ahead_at_, need_ - have_);
+          std::memcpy(into_ + have_, read_ahead_.data() + ahead_at_, n);
+          ahead_at_ += n;
+          have_ += n;
+          continue;
+        }
+        if (drained || stop())
+          break;
+        const std::size_t want = need_ - have_;
+        if (want >= read_ahead_.size()) {
+          // Large payloads are read straight into their tensor.
+          const std::size_t n = link_->read_some(into_ + have_, want);
+          have_ += n;
+          drained = n == 0;
+        } else {
+          ahead_at_ = 0;
+          ahead_end_ = link_->read_some(read_ahead_.data(), read_ahead_.size());
+          drained = ahead_end_ < read_ahead_.size();
+        }
       }
     } catch (const transport_error& e) {
       fail(e);
@@ -472,6 +353,24 @@ private:
                            std::string("receiving from ") + link_->peer() +
                              ": " + e.what()));
     }
+    if (delivered_ != delivered)
+      after_delivery(by_watcher);
+  }
+
+  /// Messages were delivered: receives waiting for the watcher may have
+  /// theirs, and so may the watcher when another thread read. Requires
+  /// mutex_ (the link is alive).
+  void after_delivery(bool by_watcher) noexcept {
+    // Dekker with wait(): the message's receive counted itself as a
+    // follower or watcher before it last looked at its message. These
+    // read-modify-writes read the latest count, and order this thread's
+    // delivery before that look when they come first.
+    if (followers_.fetch_add(0, std::memory_order_seq_cst) > 0) {
+      std::lock_guard<std::mutex> guard(turn_mutex_);
+      turn_.notify_all();
+    }
+    if (!by_watcher && watching_.fetch_add(0, std::memory_order_seq_cst) > 0)
+      link_->nudge();
   }
 
   /// The part of the frame being read is complete: start the next part, or
@@ -506,7 +405,7 @@ private:
     std::byte* into = nullptr;
     if ((header_.flags & wire::flag::tensor) != 0) {
       message_.tensor =
-        pool_->take(shape(), scalar_type_of(header_.dtype),
+        pool_->take(shape(), wire::scalar_type_of(header_.dtype),
                     static_cast<std::size_t>(header_.payload_bytes));
       into = static_cast<std::byte*>(message_.tensor.data_ptr());
     } else {
@@ -524,7 +423,7 @@ private:
       message_.tensor = at::from_blob(
         payload.data, shape(),
         [release = payload.release](void*) { release(); },
-        at::TensorOptions().dtype(scalar_type_of(header_.dtype)));
+        at::TensorOptions().dtype(wire::scalar_type_of(header_.dtype)));
     } catch (...) {
       payload.release();
       throw;
@@ -539,12 +438,8 @@ private:
                             "corrupt frame: payload checksum mismatch from " +
                               link_->peer());
     inbox_->deliver(std::move(message_));
+    ++delivered_;
     expect_header();
-    // A receive asleep on the link may have just been given its message:
-    // wake it (Dekker with wait(): its waiters_ before its check of done).
-    std::atomic_thread_fence(std::memory_order_seq_cst);
-    if (polled_ != nullptr && waiters_.load() > 0)
-      polled_->nudge();
   }
 
   std::vector<std::int64_t> shape() const {
@@ -563,8 +458,9 @@ private:
   }
 
   /// The link failed or ended: the channel's receives fail with `e` (a
-  /// stream that ends inside a frame is a truncated frame), and the link is
-  /// ended so that the peer learns of it too. Requires mutex_.
+  /// stream that ends inside a frame is a truncated frame), the link is
+  /// ended so that the peer learns of it too, and the reader thread and
+  /// the receives waiting for the watcher are told. Requires mutex_.
   void fail(const transport_error& e) noexcept {
     if (ended_)
       return;
@@ -579,27 +475,45 @@ private:
       inbox_->fail(e);
     if (link_ != nullptr)
       link_->shutdown();
+    stop();
   }
 
-  byte_link* link_;     ///< null once detached
-  polled_link* polled_; ///< link_, when it is one
-  mailbox* inbox_;      ///< valid while link_ is
+  byte_link* link_; ///< null once detached
+  mailbox* inbox_;  ///< valid while link_ is
   framed_options options_;
   /// Where received tensors' bytes go (buffers reused once freed).
   std::shared_ptr<receive_pool> pool_;
-  /// Held (shared) by receives asleep on the link, so detach() waits for
-  /// them; taken before mutex_.
+  /// Held (shared) by receives while they use the link outside mutex_
+  /// (watch, nudge), so detach() waits for them; taken before mutex_.
   std::shared_mutex link_alive_;
-  /// Held by whoever reads frames: the reader thread or a receive.
+  /// The read role: held by whoever reads the link (a receive, a poll(),
+  /// the reader thread). Taken before turn_mutex_.
   std::mutex mutex_;
-  /// Receives asleep on the link.
+  bool ended_ = false;
+
+  // Who waits, and how. The atomics are read without turn_mutex_ on the
+  // way of every message; watching_ and followers_ change under it.
+  std::mutex turn_mutex_;
+  /// Receives waiting for the watcher to leave or to deliver theirs.
+  std::condition_variable turn_;
+  /// The reader thread, while receives read for themselves.
+  std::condition_variable park_;
+  /// Receives inside wait().
   std::atomic<int> waiters_{0};
+  /// Of them, those waiting on turn_.
+  std::atomic<int> followers_{0};
+  /// 1 while a receive sleeps on the link (wait_readable) or reads it.
+  std::atomic<int> watching_{0};
+  /// The reader thread waits in wait_drain() for bytes nobody waits for.
+  std::atomic<bool> draining_{false};
+  /// The channel was closed or failed (under turn_mutex_).
+  bool stopping_ = false;
+
   /// How long receives poll before they sleep on the link.
   adaptive_spin spin_{std::chrono::microseconds(50),
                       std::chrono::microseconds(500)};
-  bool ended_ = false;
 
-  // The frame being read.
+  // The frame being read (under mutex_).
   phase phase_ = phase::header;
   std::byte* into_ = nullptr;
   std::size_t have_ = 0;
@@ -608,6 +522,15 @@ private:
   std::byte placement_bytes_[wire::placement_bytes];
   wire::frame_header header_;
   message message_;
+  /// Bytes read from the link ahead of the frame being read:
+  /// [ahead_at_, ahead_end_) of read_ahead_ (byte_link::read_ahead_bytes;
+  /// empty where the link's reads are plain copies). Reads smaller than it
+  /// go through it.
+  std::vector<std::byte> read_ahead_;
+  std::size_t ahead_at_ = 0;
+  std::size_t ahead_end_ = 0;
+  /// Messages delivered so far.
+  std::uint64_t delivered_ = 0;
 };
 
 // -- the channel
@@ -618,9 +541,9 @@ framed_channel::framed_channel(std::unique_ptr<byte_link> link,
     : link_(std::move(link)),
       options_(options),
       receiver_(std::make_shared<receiver>(*link_, inbox_, options)) {
-  if (receiver_->polled())
-    inbox_.set_progress(receiver_);
-  reader_ = std::thread([this] { read_loop(); });
+  // Receives read the link themselves (docs/transport.md, Receiving).
+  inbox_.set_progress(receiver_);
+  reader_ = std::thread([this] { receiver_->serve(); });
 }
 
 framed_channel::~framed_channel() {
@@ -658,7 +581,7 @@ void framed_channel::send(message m) {
                                    : m.tensor.to(at::kCPU).contiguous();
     H2_ENFORCE(t.dim() <= wire::max_dims, "tensor of ", t.dim(), " dimensions");
     h.flags |= wire::flag::tensor;
-    h.dtype = code_of(t.scalar_type());
+    h.dtype = wire::code_of(t.scalar_type());
     h.ndim = static_cast<std::uint8_t>(t.dim());
     for (int i = 0; i < t.dim(); ++i)
       h.shape[static_cast<std::size_t>(i)] = t.size(i);
@@ -703,18 +626,12 @@ void framed_channel::close() noexcept {
     return;
   inbox_.cancel(std::string(link_->backend()) + " channel closed");
   link_->shutdown();
+  receiver_->stop();
 }
 
 channel_stats framed_channel::stats() const {
   return {messages_sent_.load(), inbox_.messages_delivered(),
           bytes_sent_.load(), inbox_.bytes_delivered()};
-}
-
-void framed_channel::read_loop() {
-  if (receiver_->polled())
-    receiver_->serve_polled();
-  else
-    receiver_->serve_blocking();
 }
 
 } // namespace h2::transport

@@ -1,15 +1,19 @@
 #include "h2/transport/socket_link.hpp"
 
+#include "h2/core/error.hpp"
+
 #include <arpa/inet.h>
 #include <cerrno>
 #include <cstring>
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <vector>
 
 namespace h2::transport {
@@ -17,7 +21,8 @@ namespace h2::transport {
 socket_link::socket_link(int fd, std::string backend, std::string peer)
   : fd_(fd), backend_(std::move(backend)), peer_(std::move(peer)) {
   // Sockets that went through Asio's asynchronous connect are left
-  // non-blocking; this link blocks (and polls for deadlines).
+  // non-blocking; this link's writes block (its reads never wait:
+  // MSG_DONTWAIT, and waits poll).
   int flags = ::fcntl(fd_, F_GETFL, 0);
   if (flags >= 0 && (flags & O_NONBLOCK) != 0)
     ::fcntl(fd_, F_SETFL, flags & ~O_NONBLOCK);
@@ -26,6 +31,28 @@ socket_link::socket_link(int fd, std::string backend, std::string peer)
 socket_link::~socket_link() {
   shutdown();
   ::close(fd_);
+  for (int f : {receive_.wake_fd, drain_.wake_fd})
+    if (f >= 0)
+      ::close(f);
+}
+
+void socket_link::make_wake_fds() {
+  std::call_once(wake_fds_made_, [this] {
+    const int a = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    const int b = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    if (a < 0 || b < 0) {
+      const int err = errno;
+      for (int f : {a, b})
+        if (f >= 0)
+          ::close(f);
+      // Thrown out of call_once: the next wait tries again.
+      throw transport_error(transport_errc::peer_closed,
+                            backend_ + " link to " + peer_ +
+                              ": eventfd: " + std::strerror(err));
+    }
+    receive_.wake_fd = a;
+    drain_.wake_fd = b;
+  });
 }
 
 void socket_link::fail(int err, const char* what) const {
@@ -72,44 +99,97 @@ void socket_link::write(std::initializer_list<buffer_view> parts) {
   }
 }
 
-void socket_link::read(void* data, std::size_t size,
-                       std::optional<deadline> until) {
-  auto* p = static_cast<char*>(data);
-  while (size > 0) {
-    if (until) {
-      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-        *until - std::chrono::steady_clock::now());
-      pollfd pfd{fd_, POLLIN, 0};
-      int rc = ::poll(&pfd, 1,
-                      static_cast<int>(std::max<long long>(0, left.count())));
-      if (rc < 0 && errno == EINTR)
-        continue;
-      if (rc == 0)
-        throw transport_error(transport_errc::timeout,
-                              backend_ + " peer " + peer_ +
-                                " sent nothing in time");
+std::size_t socket_link::read_some(void* data, std::size_t size) {
+  if (size == 0)
+    return 0; // recv(2) would answer 0, as for the stream's end
+  for (;;) {
+    const ssize_t n = ::recv(fd_, data, size, MSG_DONTWAIT);
+    if (n > 0)
+      return static_cast<std::size_t>(n);
+    if (n == 0)
+      fail(0, "end of stream");
+    if (errno == EINTR)
+      continue;
+    if (errno == EAGAIN || errno == EWOULDBLOCK) {
+      if (shut_.load())
+        fail(0, "receive");
+      return 0;
     }
-    ssize_t n = ::recv(fd_, p, size, 0);
-    if (n < 0) {
+    fail(errno, "receive");
+  }
+}
+
+std::uint32_t socket_link::wake_count() const noexcept {
+  return wakes_.load(std::memory_order_seq_cst);
+}
+
+void socket_link::wait_readable(std::uint32_t seen, deadline until) {
+  if (!sleep(receive_, seen, until))
+    throw transport_error(transport_errc::timeout, backend_ + " peer " + peer_ +
+                                                     " sent nothing in time");
+}
+
+void socket_link::wait_drain(std::uint32_t seen) {
+  (void)sleep(drain_, seen, std::chrono::steady_clock::now() + drain_interval);
+}
+
+void socket_link::nudge() noexcept {
+  wakes_.fetch_add(1, std::memory_order_seq_cst);
+  const std::uint64_t one = 1;
+  // Counted before a sleeper's last look at wakes_ (Dekker): one that is
+  // not counted yet will see the new count.
+  for (sleep_place* place : {&receive_, &drain_})
+    if (place->sleeping.load(std::memory_order_seq_cst) != 0)
+      (void)::write(place->wake_fd, &one, sizeof(one));
+}
+
+bool socket_link::sleep(sleep_place& place, std::uint32_t seen,
+                        deadline until) {
+  // Before the count: nudge() writes the descriptor of a counted sleeper.
+  make_wake_fds();
+  struct counted {
+    std::atomic<int>& n;
+    explicit counted(std::atomic<int>& c) : n(c) {
+      n.fetch_add(1, std::memory_order_seq_cst);
+    }
+    ~counted() { n.fetch_sub(1, std::memory_order_seq_cst); }
+  } in_place(place.sleeping);
+  for (;;) {
+    if (shut_.load())
+      fail(0, "receive");
+    if (wakes_.load(std::memory_order_seq_cst) != seen)
+      return true;
+    const auto now = std::chrono::steady_clock::now();
+    if (now >= until)
+      return false;
+    // A day at most per poll: far deadlines ("wait") fit a timespec.
+    const auto left =
+      std::min<std::chrono::nanoseconds>(until - now, std::chrono::hours(24));
+    timespec ts{static_cast<time_t>(left.count() / 1000000000),
+                static_cast<long>(left.count() % 1000000000)};
+    pollfd fds[2] = {{fd_, POLLIN, 0}, {place.wake_fd, POLLIN, 0}};
+    if (::ppoll(fds, 2, &ts, nullptr) < 0) {
       if (errno == EINTR)
         continue;
-      fail(errno, "receive");
+      fail(errno, "poll");
     }
-    if (n == 0) {
-      if (p != static_cast<char*>(data) && !shut_.load())
-        throw transport_error(transport_errc::corrupt_frame,
-                              "corrupt frame: " + backend_ + " peer " + peer_ +
-                                " ended the stream inside a frame");
-      fail(0, "end of stream");
+    if (fds[1].revents != 0) {
+      // Emptied before the count is looked at again: a later nudge()
+      // writes it anew.
+      std::uint64_t count = 0;
+      (void)::read(place.wake_fd, &count, sizeof(count));
+      continue;
     }
-    p += n;
-    size -= static_cast<std::size_t>(n);
+    if (fds[0].revents != 0)
+      return true;
   }
 }
 
 void socket_link::shutdown() noexcept {
-  if (!shut_.exchange(true))
+  if (!shut_.exchange(true)) {
     ::shutdown(fd_, SHUT_RDWR);
+    nudge(); // sleepers look at shut_ again
+  }
 }
 
 bool socket_link::peer_gone() const noexcept {
@@ -143,6 +223,75 @@ std::string describe_peer(int fd) {
   if (ss.ss_family == AF_UNIX)
     return "unix socket";
   return "?";
+}
+
+sockaddr_storage ip_address(const std::string& host, std::uint16_t port) {
+  sockaddr_storage ss{};
+  auto* v4 = reinterpret_cast<sockaddr_in*>(&ss);
+  auto* v6 = reinterpret_cast<sockaddr_in6*>(&ss);
+  if (::inet_pton(AF_INET, host.c_str(), &v4->sin_addr) == 1) {
+    v4->sin_family = AF_INET;
+    v4->sin_port = htons(port);
+  } else if (::inet_pton(AF_INET6, host.c_str(), &v6->sin6_addr) == 1) {
+    v6->sin6_family = AF_INET6;
+    v6->sin6_port = htons(port);
+  } else {
+    throw config_error("transport.bind",
+                       "\"" + host + "\" is not an IP address");
+  }
+  return ss;
+}
+
+socket_listener::~socket_listener() {
+  stop();
+}
+
+void socket_listener::start(make_link make, on_connection deliver) {
+  thread_ = std::thread([this, make = std::move(make),
+                         deliver = std::move(deliver)] {
+    for (;;) {
+      int fd = ::accept4(fd_, nullptr, nullptr, SOCK_CLOEXEC);
+      if (stopped_.load()) {
+        if (fd >= 0)
+          ::close(fd);
+        return;
+      }
+      if (fd >= 0) {
+        try {
+          deliver(make(fd));
+          continue;
+        } catch (const std::exception&) {
+          // The link could not be set up (no descriptor or memory left for
+          // its own use): the connection is dropped, its dialer sees it
+          // closed. Nothing may escape this thread.
+        }
+        failed_.fetch_add(1);
+        std::this_thread::sleep_for(retry_delay);
+        continue;
+      }
+      const int err = errno;
+      if (err == EINTR || err == ECONNABORTED)
+        continue; // a signal, or a peer that gave up while queued
+      if (err == EBADF || err == EINVAL || err == ENOTSOCK)
+        return; // the listener itself is gone
+      // Out of descriptors (EMFILE, ENFILE) or memory: the condition lasts
+      // a while, and retrying at once would spin a core on it.
+      failed_.fetch_add(1);
+      std::this_thread::sleep_for(retry_delay);
+    }
+  });
+}
+
+void socket_listener::stop() noexcept {
+  if (stopped_.exchange(true))
+    return;
+  if (fd_ >= 0)
+    ::shutdown(fd_, SHUT_RDWR); // wakes the blocking accept
+  if (thread_.joinable())
+    thread_.join();
+  if (fd_ >= 0)
+    ::close(fd_);
+  fd_ = -1;
 }
 
 } // namespace h2::transport

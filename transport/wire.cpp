@@ -48,6 +48,49 @@ std::size_t element_size(dtype_code code) noexcept {
   return 0;
 }
 
+dtype_code code_of(c10::ScalarType type) {
+  switch (type) {
+    case c10::ScalarType::Float:
+      return dtype_code::float32;
+    case c10::ScalarType::BFloat16:
+      return dtype_code::bfloat16;
+    case c10::ScalarType::Half:
+      return dtype_code::float16;
+    case c10::ScalarType::Long:
+      return dtype_code::int64;
+    case c10::ScalarType::Int:
+      return dtype_code::int32;
+    case c10::ScalarType::Byte:
+      return dtype_code::uint8;
+    case c10::ScalarType::Double:
+      return dtype_code::float64;
+    default:
+      throw internal_error(std::string("DiComm cannot send tensors of type ") +
+                           c10::toString(type));
+  }
+}
+
+c10::ScalarType scalar_type_of(dtype_code code) {
+  switch (code) {
+    case dtype_code::float32:
+      return c10::ScalarType::Float;
+    case dtype_code::bfloat16:
+      return c10::ScalarType::BFloat16;
+    case dtype_code::float16:
+      return c10::ScalarType::Half;
+    case dtype_code::int64:
+      return c10::ScalarType::Long;
+    case dtype_code::int32:
+      return c10::ScalarType::Int;
+    case dtype_code::uint8:
+      return c10::ScalarType::Byte;
+    case dtype_code::float64:
+      return c10::ScalarType::Double;
+  }
+  throw internal_error("unknown dtype code " +
+                       std::to_string(static_cast<int>(code)));
+}
+
 void encode(const frame_header& h, std::byte* out) noexcept {
   std::memset(out, 0, header_bytes);
   put<std::uint32_t>(out, 0, magic);

@@ -1,7 +1,8 @@
-// Emulated chips under the virtual clock (DESIGN.md, "Emulated chips"):
+// Emulated chips under the virtual clock (docs/architecture.md, "Emulated chips"):
 // clocks advance by exactly the cost function's time per op; on homogeneous
 // chips with zero link time step time and bubble follow the schedules'
 // theory; a stage past its memory cap fails naming the chip.
+#include "reference_run.hpp"
 #include "test_jobs.hpp"
 
 #include "h2/actors/errors.hpp"
@@ -14,25 +15,8 @@
 namespace h2::test {
 namespace {
 
-const char* small_model = R"(
-[model]
-vocab_size = 17
-seq_len = 8
-d_model = 16
-n_head = 2
-n_layer = 4
-d_ff = 32
-[data]
-source = "markov"
-entropy_rate = 1.0
-)";
-
 TEST(actors_emulation, clock_advances_by_exactly_the_cost_function) {
-  std::string toml = std::string(small_model) + R"(
-[train]
-steps = 2
-global_batch = 8
-micro_batch = 2
+  std::string toml = small_model_toml + two_step_train_toml + R"(
 [emulation]
 clock = "virtual"
 memory_scale = 0.01
@@ -174,11 +158,7 @@ INSTANTIATE_TEST_SUITE_P(
 TEST(actors_emulation, stage_past_its_memory_cap_fails_naming_the_chip) {
   // Chip 0:0 (MI300X, 192 GiB) holds the embedding; chip 0:1 (A100 40 GiB,
   // 4.8x less memory) holds every block and the head and cannot.
-  std::string toml = std::string(small_model) + R"(
-[train]
-steps = 2
-global_batch = 8
-micro_batch = 2
+  std::string toml = small_model_toml + two_step_train_toml + R"(
 [emulation]
 clock = "virtual"
 memory_scale = 2e-6
@@ -199,6 +179,36 @@ layers = [1, 5]
     EXPECT_NE(std::string(e.what()).find("0:1"), std::string::npos) << e.what();
     EXPECT_EQ(std::string(e.what()).find("0:0"), std::string::npos) << e.what();
   }
+}
+
+TEST(actors_emulation, chip_past_the_step_timeout_fails_the_run) {
+  // Wall clock, every emulated time x 1e5: each op takes seconds to wait
+  // out, so no chip answers a step within runtime.step_timeout_seconds. The
+  // run fails with a step timeout naming a chip and the key, and the chips
+  // stop waiting (else this test would hang until CTest's timeout).
+  std::string toml = small_model_toml + two_step_train_toml + R"(
+[emulation]
+clock = "wall"
+time_scale = 1e5
+[runtime]
+step_timeout_seconds = 0.2
+[[nodes]]
+chips = ["emulated:h100-sxm", "emulated:mi250x"]
+)";
+  auto job = parse_job(toml, "slow.toml");
+  recording_observer obs;
+  try {
+    run_job(job, obs);
+    FAIL() << "expected a step timeout";
+  } catch (const actors::run_error& e) {
+    EXPECT_EQ(e.code(), actors::errc::step_timeout) << e.what();
+    EXPECT_NE(std::string(e.what()).find("runtime.step_timeout_seconds"),
+              std::string::npos)
+      << e.what();
+    EXPECT_NE(std::string(e.what()).find("chip 0:"), std::string::npos)
+      << e.what();
+  }
+  EXPECT_TRUE(obs.steps.empty());
 }
 
 } // namespace

@@ -1,6 +1,7 @@
-// DESIGN.md, "Correctness anchors": pipeline-parallel training on N stages
+// docs/architecture.md, "Correctness anchors": pipeline-parallel training on N stages
 // equals single-chip training of the same model over the same micro-batches,
 // bitwise in fp32 with one intra-op thread, for every schedule.
+#include "reference_run.hpp"
 #include "test_jobs.hpp"
 
 #include <gtest/gtest.h>
@@ -18,29 +19,7 @@ std::string exact_job(const std::string& dtype, int stages,
                       const std::string& layers, const std::string& schedule,
                       const std::string& recompute = "") {
   std::ostringstream toml;
-  toml << R"(
-[job]
-seed = 7
-[model]
-vocab_size = 17
-seq_len = 8
-d_model = 16
-n_head = 2
-n_layer = 4
-d_ff = 32
-[data]
-source = "markov"
-entropy_rate = 1.0
-[train]
-steps = 3
-global_batch = 8
-micro_batch = 2
-lr = 1e-2
-min_lr = 1e-3
-warmup_steps = 1
-grad_clip = 0.5
-[emulation]
-clock = "virtual"
+  toml << small_job_toml(7) << R"(
 [[nodes]]
 chips = [)";
   const char* kinds[] = {"h100-sxm", "mi250x", "a100-sxm-80gb", "mi300x"};
@@ -85,7 +64,7 @@ TEST_P(actors_exactness, pipeline_equals_single_chip_bitwise) {
     parse_job(exact_job("fp32", c.stages, c.layers, c.schedule, c.recompute),
               "exact.toml");
   recording_observer obs;
-  std::vector<actors::parameter_values> params;
+  std::vector<runtime::parameter_values> params;
   run_job(job, obs, &params);
   auto kind = *parse_schedule_kind(c.schedule);
   auto ref = train_reference(job, kind, c.stages);
@@ -132,7 +111,7 @@ TEST(actors_exactness_bf16, bf16_chips_stay_within_the_stated_bound) {
   auto job =
     parse_job(exact_job("bf16", 4, "[2, 1, 1, 2]", "1f1b"), "bf16.toml");
   recording_observer obs;
-  std::vector<actors::parameter_values> params;
+  std::vector<runtime::parameter_values> params;
   run_job(job, obs, &params);
   auto ref = train_reference(job, schedule_kind::one_f_one_b, 4);
   auto losses = obs.losses();

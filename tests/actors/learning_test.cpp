@@ -1,5 +1,6 @@
-// DESIGN.md, "Correctness anchors": on data from a known Markov source the
+// docs/architecture.md, "Correctness anchors": on data from a known Markov source the
 // validation loss approaches the bound computed exactly from the source.
+#include "reference_run.hpp"
 #include "test_jobs.hpp"
 
 #include <gtest/gtest.h>
@@ -13,18 +14,8 @@ namespace {
 TEST(actors_learning, validation_loss_reaches_the_markov_bound) {
   // 16 states + BOS; H = 1.0 nats <= ln(17) / 2 = 1.42. Two pipeline stages
   // on chips of two vendors, virtual clock.
-  const char* toml = R"(
-[job]
-seed = 3
-[model]
-vocab_size = 17
-seq_len = 16
-d_model = 64
-n_head = 4
-n_layer = 2
-[data]
-source = "markov"
-entropy_rate = 1.0
+  const std::string toml = "[job]\nseed = 3\n" +
+                           model_toml(17, 16, 64, 4, 2) + R"(
 [train]
 steps = 250
 global_batch = 32

@@ -4,11 +4,11 @@
 // never slower than the even plan (nor, on the demo cluster, than the best
 // manual plan), and every measured speed-up over the even plan is at least
 // 0.9x the predicted one. The planner sees the chips only through the profiling
-// pass (model::chip_profiler), as h2-plan does.
+// pass (runtime::profiled_measurements), as h2-plan does.
 #include "h2/actors/local_job.hpp"
-#include "h2/actors/observer.hpp"
+#include "h2/runtime/observer.hpp"
 #include "h2/core/job.hpp"
-#include "h2/model/profiler.hpp"
+#include "h2/runtime/auto_plan.hpp"
 #include "h2/scheduler/plan_builder.hpp"
 #include "h2/scheduler/planner.hpp"
 
@@ -26,25 +26,6 @@
 namespace h2::test {
 namespace {
 
-/// The profiling pass as the planner's measurements (apps::
-/// profiled_measurements does the same for the binaries; the actors tests
-/// do not link apps).
-class profiled final : public scheduler::chip_measurements {
-public:
-  explicit profiled(const job_config& job) : profiler_(job) {}
-  scheduler::layer_timing layer(const chip_spec& chip, layer_kind kind,
-                                int micro_batch_size) override {
-    auto p = profiler_.layer(chip, kind, micro_batch_size);
-    return {p.forward_seconds, p.backward_seconds};
-  }
-  double optimizer(const chip_spec& chip, layer_kind kind) override {
-    return profiler_.optimizer(chip, kind);
-  }
-
-private:
-  model::chip_profiler profiler_;
-};
-
 struct outcome {
   double predicted_step = 0;
   double measured_step = 0;
@@ -60,7 +41,7 @@ outcome run_and_compare(const job_config& base, const plan& p,
   job->train.steps = 2;
   job->train.eval_every = 0;
   actors::local_job local(job, p);
-  actors::step_recorder rec;
+  runtime::step_recorder rec;
   local.run({2, false}, rec);
   EXPECT_EQ(rec.steps.size(), 2u);
   if (rec.steps.empty())
@@ -120,7 +101,7 @@ const cluster_runs& runs_of(const std::string& name) {
     return it->second;
   SCOPED_TRACE(name);
   job_config job = example(name);
-  profiled m(job);
+  runtime::profiled_measurements m(job);
   scheduler::planner pl(job, m);
   cluster_runs out;
   auto best = pl.run();
@@ -197,7 +178,7 @@ TEST(actors_benefit, demo_auto_beats_the_best_manual_plan) {
   }
   manual.replicas.push_back(rep);
   validate_plan(manual, job, "manual");
-  profiled m(job);
+  runtime::profiled_measurements m(job);
   scheduler::planner pl(job, m);
   auto o = run_and_compare(job, manual, pl.evaluate(manual), 1e-6);
   EXPECT_LT(r.automatic.measured_step, o.measured_step);
@@ -214,7 +195,7 @@ TEST(actors_benefit, demo_auto_beats_the_best_manual_plan) {
 // uniform rings, an upper bound otherwise).
 TEST(actors_prediction, replicas_match_the_simulator) {
   job_config job = example("hetero-4.toml");
-  profiled m(job);
+  runtime::profiled_measurements m(job);
   scheduler::planner pl(job, m);
   int checked = 0;
   for (const auto& c : pl.stage_one()) {

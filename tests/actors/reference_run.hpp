@@ -1,4 +1,5 @@
-// Small jobs and a single-chip reference trainer shared by the actors tests.
+// Running a job through actors, and the single-chip reference trainer the
+// exactness tests compare with (job fixtures: tests/test_jobs.hpp).
 #pragma once
 
 #include "h2/actors/local_job.hpp"
@@ -18,12 +19,12 @@
 
 namespace h2::test {
 
-using recording_observer = actors::step_recorder;
+using recording_observer = runtime::step_recorder;
 
 /// Runs `job` with the plan its [plan] table describes.
-inline actors::run_summary
+inline runtime::run_summary
 run_job(const job_config& job, recording_observer& obs,
-        std::vector<actors::parameter_values>* params = nullptr) {
+        std::vector<runtime::parameter_values>* params = nullptr) {
   auto shared = std::make_shared<job_config>(job);
   actors::local_job local(shared, scheduler::make_plan(job));
   auto summary = local.run({job.train.steps, params != nullptr}, obs);
@@ -37,7 +38,7 @@ run_job(const job_config& job, recording_observer& obs,
 /// schedule's stages run their backwards. One intra-op thread, fp32.
 struct reference_result {
   std::vector<double> losses;
-  std::vector<actors::parameter_values> params;
+  std::vector<runtime::parameter_values> params;
 };
 
 inline reference_result train_reference(const job_config& job,

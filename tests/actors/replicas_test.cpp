@@ -1,6 +1,7 @@
-// Data-parallel replicas (DESIGN.md): R pipelines, possibly of different
+// Data-parallel replicas (docs/architecture.md): R pipelines, possibly of different
 // chips, partitions and micro-batch counts, whose gradients are summed by a
 // ring all-reduce, equal one chip training over the same global batch.
+#include "reference_run.hpp"
 #include "test_jobs.hpp"
 
 #include "h2/core/plan.hpp"
@@ -14,29 +15,7 @@ namespace h2::test {
 namespace {
 
 /// Six chips of three kinds, fp32, virtual clock; 6 layers, 8 sequences.
-const char* replica_job = R"(
-[job]
-seed = 11
-[model]
-vocab_size = 17
-seq_len = 8
-d_model = 16
-n_head = 2
-n_layer = 4
-d_ff = 32
-[data]
-source = "markov"
-entropy_rate = 1.0
-[train]
-steps = 3
-global_batch = 8
-micro_batch = 2
-lr = 1e-2
-min_lr = 1e-3
-warmup_steps = 1
-grad_clip = 0.5
-[emulation]
-clock = "virtual"
+const std::string replica_job = small_job_toml(11) + R"(
 [transport]
 bucket_mb = 0.001
 [[nodes]]
@@ -54,14 +33,14 @@ stage_plan stage(int chip, int first, int end) {
 
 struct replica_run {
   std::vector<double> losses;
-  std::vector<actors::parameter_values> params;
-  std::map<chip_id, std::vector<actors::parameter_values>> by_chip;
+  std::vector<runtime::parameter_values> params;
+  std::map<chip_id, std::vector<runtime::parameter_values>> by_chip;
 };
 
 replica_run run(const job_config& job, const plan& p) {
   auto shared = std::make_shared<job_config>(job);
   actors::local_job local(shared, p);
-  actors::step_recorder obs;
+  runtime::step_recorder obs;
   local.run({job.train.steps, true}, obs);
   replica_run out{obs.losses(), local.parameters(), {}};
   for (const auto& r : p.replicas)
@@ -104,7 +83,7 @@ void expect_close_to_reference(const job_config& job, const replica_run& r) {
 /// After the all-reduce every replica applies the same update: chips that
 /// hold the same layers hold bitwise the same parameters.
 void expect_replicas_identical(const replica_run& r, const plan& p) {
-  std::map<std::string, const actors::parameter_values*> first;
+  std::map<std::string, const runtime::parameter_values*> first;
   for (const auto& [chip, params] : r.by_chip)
     for (const auto& v : params) {
       auto [it, fresh] = first.emplace(v.name, &v);

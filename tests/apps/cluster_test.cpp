@@ -3,6 +3,7 @@
 // two network namespaces as two hosts. Every node is a real process; the
 // failure tests kill or stop one with real signals.
 #include "launch.hpp"
+#include "test_jobs.hpp"
 
 #include <gtest/gtest.h>
 
@@ -24,33 +25,9 @@ const std::string node_binary = H2_NODE;
 /// The demo job (examples/demo.toml) on the virtual clock with its four
 /// chips split over nodes as `nodes` says (TOML [[nodes]] tables).
 std::string demo_job(const std::string& nodes) {
-  std::string job =
-    read_text(std::string(H2_SOURCE_DIR) + "/examples/demo.toml");
-  job = replaced(job, "clock = \"wall\"", "clock = \"virtual\"");
-  auto at = job.find("[[nodes]]");
-  auto end = job.find("[plan]");
-  if (at == std::string::npos || end == std::string::npos) {
-    ADD_FAILURE() << "examples/demo.toml lost its [[nodes]] or [plan]";
-    return job;
-  }
-  return job.substr(0, at) + nodes + "\n" + job.substr(end);
+  return replaced(demo_job_with_nodes(H2_SOURCE_DIR, nodes),
+                  "clock = \"wall\"", "clock = \"virtual\"");
 }
-
-const std::string demo_on_two_nodes = R"([[nodes]]
-chips = ["emulated:h100-sxm", "emulated:mi250x"]
-[[nodes]]
-chips = ["emulated:a100-sxm-40gb", "emulated:a100-sxm-40gb"]
-)";
-
-const std::string demo_on_four_nodes = R"([[nodes]]
-chips = ["emulated:h100-sxm"]
-[[nodes]]
-chips = ["emulated:mi250x"]
-[[nodes]]
-chips = ["emulated:a100-sxm-40gb"]
-[[nodes]]
-chips = ["emulated:a100-sxm-40gb"]
-)";
 
 /// The per-step losses of a JSON log.
 std::vector<double> losses(const std::filesystem::path& log) {
@@ -383,10 +360,22 @@ TEST_F(apps_cluster, bad_node_flags_are_one_line_errors) {
     expect_one_line(r.err);
     EXPECT_NE(r.err.find(c.expect), std::string::npos) << r.err;
   }
+  // An unknown backend in the environment is refused like a bad job key.
+  scoped_env env("H2_TRANSPORT", "carrier-pigeon");
+  auto r = run_to_end(node_binary,
+                      {"--job", job.string(), "--node-rank", "0",
+                       "--world-size", "2", "--coordinator", "127.0.0.1:0",
+                       "--secret-file", secret.string()},
+                      dir_, run_timeout);
+  ASSERT_TRUE(r.status.exited) << r.status.describe();
+  EXPECT_EQ(r.status.code, 2) << r.err;
+  expect_one_line(r.err);
+  EXPECT_NE(r.err.find("H2_TRANSPORT"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("carrier-pigeon"), std::string::npos) << r.err;
 }
 
-/// Two network namespaces joined by a veth pair: two hosts by DESIGN.md's
-/// identity (the host id includes the network namespace).
+/// Two network namespaces joined by a veth pair: two hosts by the host
+/// identity of docs/architecture.md (it includes the network namespace).
 class two_hosts {
 public:
   two_hosts() {

@@ -303,7 +303,7 @@ TEST_F(apps_plan, plan_file_is_honoured) {
 }
 
 TEST_F(apps_plan, two_heterogeneous_replicas_train) {
-  // Data parallelism over two heterogeneous pipelines (DESIGN.md: replicas
+  // Data parallelism over two heterogeneous pipelines (docs/architecture.md: replicas
   // may differ in chips and micro-batch counts).
   auto job = dir_.write("job.toml", small_job);
   auto plan = dir_.write("plan.json", two_replica_plan);

@@ -219,6 +219,7 @@ chips = ["cpu", "emulated:h100-sxm", "emulated:v100-sxm2-32gb"]
   EXPECT_EQ(job.transport.timeout_seconds, 60);
   EXPECT_EQ(job.transport.shm_ring_bytes, std::uint64_t{16} << 20);
   EXPECT_EQ(job.transport.shm_heap_bytes, std::uint64_t{256} << 20);
+  EXPECT_EQ(job.transport.rdma_ring_bytes, std::uint64_t{16} << 20);
   EXPECT_NE(job.profiles.find("h100-sxm"), nullptr);
 
   auto chips = job.chips();
@@ -239,6 +240,23 @@ TEST(core_job, transport_section) {
   EXPECT_EQ(job.transport.shm_ring_bytes, std::uint64_t{512} << 10);
   EXPECT_EQ(job.transport.shm_heap_bytes, 0u); // every payload streams
   EXPECT_TRUE(job.transport.crc);
+  // The rdma ring has its own key; the shm ring does not move it.
+  EXPECT_EQ(job.transport.rdma_ring_bytes, std::uint64_t{16} << 20);
+}
+
+TEST(core_job, rdma_ring_has_its_own_key) {
+  job_config job = parse_job(
+    base_job + "\n[transport]\nrdma_ring_mb = 0.25\n", "<string>");
+  EXPECT_EQ(job.transport.rdma_ring_bytes, std::uint64_t{256} << 10);
+  EXPECT_EQ(job.transport.shm_ring_bytes, std::uint64_t{16} << 20);
+}
+
+TEST(core_job, runtime_section) {
+  EXPECT_EQ(parse_job(base_job, "<string>").runtime.step_timeout_seconds,
+            600);
+  job_config job = parse_job(
+    base_job + "\n[runtime]\nstep_timeout_seconds = 2.5\n", "<string>");
+  EXPECT_EQ(job.runtime.step_timeout_seconds, 2.5);
 }
 
 TEST(core_job, min_lr_default_never_exceeds_lr) {
@@ -637,11 +655,36 @@ const bad_job bad_jobs[] = {
    "\n[transport]\nshm_ring_mb = 0\n",
    "transport.shm_ring_mb",
    {"(0, 1.04858e+06]", "got 0"}},
+  {"tiny_rdma_ring",
+   {},
+   "\n[transport]\nrdma_ring_mb = 0.01\n",
+   "transport.rdma_ring_mb",
+   {"[0.0625, 1024]", "got 0.01"}},
+  {"huge_rdma_ring",
+   {},
+   "\n[transport]\nrdma_ring_mb = 2048\n",
+   "transport.rdma_ring_mb",
+   {"[0.0625, 1024]", "got 2048"}},
   {"negative_shm_heap",
    {},
    "\n[transport]\nshm_heap_mb = -1\n",
    "transport.shm_heap_mb",
    {"[0, 1.04858e+06]", "got -1"}},
+  {"zero_step_timeout",
+   {},
+   "\n[runtime]\nstep_timeout_seconds = 0\n",
+   "runtime.step_timeout_seconds",
+   {"got 0"}},
+  {"step_timeout_not_a_number",
+   {},
+   "\n[runtime]\nstep_timeout_seconds = \"long\"\n",
+   "runtime.step_timeout_seconds",
+   {}},
+  {"unknown_runtime_key",
+   {},
+   "\n[runtime]\nstep_timeout = 5\n",
+   "runtime.step_timeout",
+   {"unknown key"}},
   {"profile_not_a_table",
    {},
    "\n[profiles]\nacme = 1\n",

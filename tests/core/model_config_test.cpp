@@ -2,6 +2,8 @@
 
 #include "h2/core/error.hpp"
 
+#include "test_jobs.hpp"
+
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -11,14 +13,7 @@ namespace {
 
 /// A small GPT whose counts are easy to check by hand.
 gpt_config small() {
-  gpt_config c;
-  c.vocab_size = 11;
-  c.seq_len = 7;
-  c.d_model = 8;
-  c.n_head = 2;
-  c.n_layer = 3;
-  c.d_ff = 32;
-  return c;
+  return test::gpt_shape(11, 7, 8, 2, 3, 32);
 }
 
 TEST(core_model_config, layer_kinds) {

@@ -2,6 +2,8 @@
 
 #include "expect_error.hpp"
 
+#include "test_jobs.hpp"
+
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
@@ -157,15 +159,7 @@ TEST(core_plan, from_json_rejects_non_json_and_non_objects) {
 // validate_plan against a job: two nodes, five chips, 4 layers, batch 8.
 
 const job_config& job() {
-  static const job_config j = parse_job(R"(
-[model]
-vocab_size = 17
-seq_len = 8
-d_model = 16
-n_head = 2
-n_layer = 2
-[data]
-entropy_rate = 1.0
+  static const job_config j = parse_job(test::model_toml(17, 8, 16, 2, 2) + R"(
 [train]
 global_batch = 8
 [[nodes]]

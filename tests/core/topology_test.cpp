@@ -4,6 +4,8 @@
 
 #include "expect_error.hpp"
 
+#include "test_jobs.hpp"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -17,15 +19,7 @@ using test::expect_config_error;
 /// A job of five chips on three nodes (two vendors), with `extra`
 /// appended.
 std::string job_text(const std::string& plan, const std::string& extra = "") {
-  return R"([model]
-vocab_size = 17
-seq_len = 16
-d_model = 32
-n_head = 2
-n_layer = 2
-[data]
-source = "markov"
-entropy_rate = 1.0
+  return test::model_toml(17, 16, 32, 2, 2) + R"(
 [train]
 global_batch = 4
 [[nodes]]

@@ -14,6 +14,8 @@
 #include <ATen/ATen.h>
 #include <ATen/Context.h>
 #include <ATen/Parallel.h>
+#include "test_jobs.hpp"
+
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -26,15 +28,7 @@ namespace {
 
 /// A small job: a CPU, an emulated bf16 A100 and an emulated fp32 H100.
 const job_config& job() {
-  static const job_config j = parse_job(R"(
-[model]
-vocab_size = 17
-seq_len = 8
-d_model = 16
-n_head = 2
-n_layer = 2
-[data]
-entropy_rate = 1.0
+  static const job_config j = parse_job(test::model_toml(17, 8, 16, 2, 2) + R"(
 [train]
 global_batch = 4
 [emulation]
@@ -154,15 +148,7 @@ TEST(devices_context, built_backends) {
 
 /// A job whose only chip is `device`.
 job_config one_chip_job(const std::string& device) {
-  return parse_job(R"(
-[model]
-vocab_size = 17
-seq_len = 8
-d_model = 16
-n_head = 2
-n_layer = 2
-[data]
-entropy_rate = 1.0
+  return parse_job(test::model_toml(17, 8, 16, 2, 2) + R"(
 [train]
 global_batch = 4
 [[nodes]]

@@ -4,6 +4,8 @@
 #include "h2/core/error.hpp"
 
 #include <ATen/ATen.h>
+#include "test_jobs.hpp"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -17,14 +19,7 @@ namespace h2::model {
 namespace {
 
 gpt_config small() {
-  gpt_config c;
-  c.vocab_size = 17;
-  c.seq_len = 8;
-  c.d_model = 16;
-  c.n_head = 2;
-  c.n_layer = 4;
-  c.d_ff = 32;
-  return c;
+  return test::gpt_shape(17, 8, 16, 2, 4, 32);
 }
 
 /// Deterministic tokens and their next-token targets.

@@ -1,12 +1,12 @@
-// summarize_step, grad_norm_of and the errors' root cause: pure arithmetic.
-#include "h2/actors/errors.hpp"
-#include "h2/actors/step_summary.hpp"
+// summarize_step, grad_norm_of, virtual_phase_end: pure arithmetic.
+#include "h2/core/error.hpp"
+#include "h2/runtime/step_summary.hpp"
 
 #include <gtest/gtest.h>
 
 #include <cmath>
 
-namespace h2::actors {
+namespace h2::runtime {
 namespace {
 
 chip_step_report report(int stage, int first_layer, double start, double end,
@@ -31,7 +31,7 @@ chip_update_report update(int stage, double end) {
   return u;
 }
 
-TEST(actors_step_summary, step_time_bubble_and_loss) {
+TEST(runtime_step_summary, step_time_bubble_and_loss) {
   auto a = report(0, 0, 10, 18, 2, 4, {1, 4});
   auto b = report(1, 2, 10, 19, 3, 3, {4});
   b.loss = 2.5;
@@ -56,33 +56,19 @@ TEST(actors_step_summary, step_time_bubble_and_loss) {
   EXPECT_DOUBLE_EQ(w.wall_step_seconds, 9.5);
 }
 
-TEST(actors_step_summary, grad_norm_sums_layers_in_order) {
+TEST(runtime_step_summary, grad_norm_sums_layers_in_order) {
   auto a = report(0, 0, 0, 1, 0, 0, {1, 4});
   auto b = report(1, 2, 0, 1, 0, 0, {4});
   EXPECT_DOUBLE_EQ(grad_norm_of({b, a}), 3.0);
   EXPECT_DOUBLE_EQ(virtual_phase_end({a, b}), 1.0);
 }
 
-TEST(actors_step_summary, missing_update_report_is_an_invariant_violation) {
+TEST(runtime_step_summary, missing_update_report_is_an_invariant_violation) {
   auto a = report(0, 0, 0, 1, 0, 0, {});
   EXPECT_THROW(summarize_step(0, clock_mode::virtual_clock, 1, 0, 0, 1, {a},
                               {update(5, 1)}),
                internal_error);
 }
 
-TEST(actors_errors, root_cause_prefers_the_original_failure) {
-  std::vector<failure> fs = {{errc::peer_lost, "peer gone"},
-                             {errc::cancelled, "cancelled"},
-                             {errc::out_of_memory, "chip 0:2 out of memory"},
-                             {errc::peer_lost, "peer gone too"}};
-  auto f = root_cause(fs);
-  EXPECT_EQ(f.code, errc::out_of_memory);
-  EXPECT_EQ(f.message, "chip 0:2 out of memory");
-  auto e = make_error(errc::device_unavailable, "no cuda");
-  auto back = to_failure(e);
-  EXPECT_EQ(back.code, errc::device_unavailable);
-  EXPECT_EQ(back.message, "no cuda");
-}
-
 } // namespace
-} // namespace h2::actors
+} // namespace h2::runtime

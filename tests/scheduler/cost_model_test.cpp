@@ -5,6 +5,8 @@
 
 #include "planner_fixtures.hpp"
 
+#include "test_jobs.hpp"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -13,14 +15,7 @@ namespace h2::scheduler {
 namespace {
 
 gpt_config small_gpt() {
-  gpt_config c;
-  c.vocab_size = 65;
-  c.seq_len = 64;
-  c.d_model = 128;
-  c.n_head = 4;
-  c.n_layer = 3;
-  c.d_ff = 512;
-  return c;
+  return test::gpt_shape(65, 64, 128, 4, 3, 512);
 }
 
 // Activations per micro-batch as the runtime's memory accounting measured

@@ -1,7 +1,7 @@
 // The writer's bookkeeping of shm's placed payloads (block_heap.hpp):
 // first fit from the lowest offset, blocks freed in any order, free extents
 // merged, and a reader's bad or repeated free refused.
-#include "h2/transport/block_heap.hpp"
+#include "h2/transport/shm/block_heap.hpp"
 
 #include "h2/core/error.hpp"
 
@@ -12,7 +12,7 @@
 #include <map>
 #include <random>
 
-namespace h2::transport {
+namespace h2::transport::shm {
 namespace {
 
 TEST(transport_block_heap, blocks_are_aligned_and_first_fit) {
@@ -148,4 +148,4 @@ TEST(transport_block_heap, random_traffic_never_overlaps) {
 }
 
 } // namespace
-} // namespace h2::transport
+} // namespace h2::transport::shm

@@ -11,7 +11,6 @@
 
 #include <chrono>
 #include <cstdint>
-#include <cstring>
 #include <functional>
 #include <memory>
 #include <string>
@@ -24,7 +23,10 @@ namespace {
 
 using namespace std::chrono_literals;
 
+using test::bytes_message;
 using test::channel_pair;
+using test::tensor_message;
+using test::text_of;
 
 /// How to make one backend's connected pair, and what it promises beyond
 /// the interface.
@@ -64,27 +66,6 @@ constexpr auto patience = 20s;
 /// The wait of receives that must time out.
 constexpr auto short_wait = 50ms;
 
-message bytes_message(std::uint64_t tag, const std::string& payload) {
-  message m;
-  m.tag = tag;
-  m.bytes.resize(payload.size());
-  if (!payload.empty()) // an empty vector's data() may be null
-    std::memcpy(m.bytes.data(), payload.data(), payload.size());
-  return m;
-}
-
-std::string text_of(const message& m) {
-  return std::string(reinterpret_cast<const char*>(m.bytes.data()),
-                     m.bytes.size());
-}
-
-message tensor_message(std::uint64_t tag, at::Tensor t) {
-  message m;
-  m.tag = tag;
-  m.tensor = std::move(t);
-  return m;
-}
-
 /// Polls `done` until it holds or `patience` runs out (for backends whose
 /// completion happens on an I/O thread).
 bool eventually(const std::function<bool()>& done) {
@@ -109,24 +90,12 @@ void expect_transport_error(F&& f, transport_errc code) {
   }
 }
 
-class transport_channel : public ::testing::TestWithParam<channel_backend> {
+class transport_channel : public test::channel_pair_test<
+                            ::testing::TestWithParam<channel_backend>> {
 protected:
   void SetUp() override {
-    if (auto why = test::unavailable(GetParam().backend); !why.empty())
-      GTEST_SKIP() << why;
-    std::tie(a_, b_) = GetParam().make_pair();
-    ASSERT_NE(a_, nullptr);
-    ASSERT_NE(b_, nullptr);
+    connect_over(GetParam().backend, GetParam().make_pair);
   }
-
-  void TearDown() override {
-    if (a_)
-      a_->close();
-    if (b_)
-      b_->close();
-  }
-
-  std::unique_ptr<channel> a_, b_;
 };
 
 TEST_P(transport_channel, names_its_backend) {
@@ -135,18 +104,7 @@ TEST_P(transport_channel, names_its_backend) {
 }
 
 TEST_P(transport_channel, one_tag_arrives_in_order) {
-  constexpr int n = 1000;
-  for (int i = 0; i < n; ++i) {
-    message m = bytes_message(5, std::to_string(i));
-    m.sent.virtual_seconds = i;
-    a_->send(std::move(m));
-  }
-  for (int i = 0; i < n; ++i) {
-    message m = b_->recv(5, patience);
-    ASSERT_EQ(m.tag, 5u);
-    ASSERT_EQ(text_of(m), std::to_string(i));
-    ASSERT_EQ(m.sent.virtual_seconds, i);
-  }
+  test::expect_one_tag_in_order(*a_, *b_, 1000, patience);
 }
 
 TEST_P(transport_channel, both_directions_are_separate) {

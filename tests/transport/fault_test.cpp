@@ -18,6 +18,7 @@
 #include <sys/wait.h>
 #include <thread>
 #include <unistd.h>
+#include <vector>
 
 extern char** environ;
 
@@ -26,24 +27,9 @@ namespace {
 
 using namespace std::chrono_literals;
 
-template <class F>
-transport_errc error_of(F&& f) {
-  try {
-    f();
-  } catch (const transport_error& e) {
-    return e.code();
-  }
-  ADD_FAILURE() << "no transport_error";
-  return transport_errc::cancelled;
-}
-
-message bytes_message(std::uint64_t tag, const std::string& text) {
-  message m;
-  m.tag = tag;
-  m.bytes.resize(text.size());
-  std::memcpy(m.bytes.data(), text.data(), text.size());
-  return m;
-}
+using test::bytes_message;
+using test::error_of;
+using test::text_of;
 
 class transport_fault : public ::testing::TestWithParam<std::string> {
 protected:
@@ -128,10 +114,7 @@ std::unique_ptr<channel> echo_peer(endpoint& a, const std::string& backend,
   pid = spawn_peer(a, backend, 5);
   auto ch = a.accept(5, std::chrono::steady_clock::now() + 20s);
   ch->send(bytes_message(1, "ping"));
-  message m = ch->recv(2, 20s);
-  EXPECT_EQ(std::string(reinterpret_cast<char*>(m.bytes.data()),
-                        m.bytes.size()),
-            "ping");
+  EXPECT_EQ(text_of(ch->recv(2, 20s)), "ping");
   return ch;
 }
 
@@ -155,6 +138,32 @@ TEST_P(transport_fault, killed_peer_fails_the_waiting_receive) {
             transport_errc::peer_closed);
 }
 
+TEST_P(transport_fault, killed_peer_fails_receives_already_waiting) {
+  // Receives that sleep on the link when the peer dies (one watches it, the
+  // others wait for it; docs/transport.md, Receiving) each fail with
+  // peer_closed, within the bound.
+  endpoint a(test::options_for(0, GetParam()));
+  pid_t pid = 0;
+  auto ch = echo_peer(a, GetParam(), pid);
+  constexpr int waiters = 3;
+  std::vector<transport_errc> seen(waiters, transport_errc::timeout);
+  std::vector<std::thread> threads;
+  for (int w = 0; w < waiters; ++w)
+    threads.emplace_back([&, w] {
+      seen[static_cast<std::size_t>(w)] = error_of(
+        [&] { ch->recv(static_cast<std::uint64_t>(10 + w), death_bound); });
+    });
+  std::this_thread::sleep_for(50ms); // all asleep: past any poll
+  EXPECT_EQ(0, ::kill(pid, SIGKILL));
+  ::waitpid(pid, nullptr, 0);
+  for (auto& t : threads)
+    t.join();
+  for (int w = 0; w < waiters; ++w)
+    EXPECT_EQ(seen[static_cast<std::size_t>(w)], transport_errc::peer_closed)
+      << "waiter " << w << ": "
+      << to_string(seen[static_cast<std::size_t>(w)]);
+}
+
 TEST_P(transport_fault, stopped_peer_times_out) {
   endpoint a(test::options_for(0, GetParam()));
   pid_t pid = 0;
@@ -166,15 +175,8 @@ TEST_P(transport_fault, stopped_peer_times_out) {
   ::waitpid(pid, nullptr, 0);
 }
 
-const std::string fault_backends[] = {
-  "shm", "tcp",
-#if H2_HAS_RDMA
-  "rdma", // skipped in SetUp, with the reason, where no device exists
-#endif
-};
-
 INSTANTIATE_TEST_SUITE_P(transport, transport_fault,
-                         ::testing::ValuesIn(fault_backends),
+                         ::testing::ValuesIn(test::stream_backends),
                          [](const auto& info) { return info.param; });
 
 // -- frames that are not what they claim ----------------------------------------
@@ -197,6 +199,14 @@ struct raw_peer {
   void write(const void* data, std::size_t n) {
     ASSERT_EQ(static_cast<ssize_t>(n), ::write(raw, data, n));
   }
+  /// The error of a receive (tag 1) that waits while `send` writes the
+  /// raw end.
+  template <class Send>
+  transport_errc receive_error(Send&& send) {
+    auto waiting = ch->recv_async(1);
+    send();
+    return error_of([&] { waiting.get(10s); });
+  }
   int raw;
   std::unique_ptr<framed_channel> ch;
 };
@@ -214,18 +224,14 @@ TEST(transport_frames, corrupt_header_fails_the_receive) {
   h.payload_bytes = 4;
   auto bytes = header_of(h);
   bytes[9] ^= std::byte{0x40}; // flip a bit of the tag: the CRC catches it
-  auto waiting = p.ch->recv_async(1);
-  p.write(bytes.data(), bytes.size());
-  EXPECT_EQ(error_of([&] { waiting.get(10s); }),
+  EXPECT_EQ(p.receive_error([&] { p.write(bytes.data(), bytes.size()); }),
             transport_errc::corrupt_frame);
 }
 
 TEST(transport_frames, garbage_is_another_protocol) {
   raw_peer p;
   std::string garbage(wire::header_bytes, 'x');
-  auto waiting = p.ch->recv_async(1);
-  p.write(garbage.data(), garbage.size());
-  EXPECT_EQ(error_of([&] { waiting.get(10s); }),
+  EXPECT_EQ(p.receive_error([&] { p.write(garbage.data(), garbage.size()); }),
             transport_errc::protocol_mismatch);
 }
 
@@ -235,12 +241,12 @@ TEST(transport_frames, truncated_frame_fails_the_receive) {
   h.tag = 1;
   h.payload_bytes = 100;
   auto bytes = header_of(h);
-  auto waiting = p.ch->recv_async(1);
-  p.write(bytes.data(), bytes.size());
-  p.write("only ten b", 10);
-  ::shutdown(p.raw, SHUT_WR);
-  EXPECT_EQ(error_of([&] { waiting.get(10s); }),
-            transport_errc::corrupt_frame);
+  const auto error = p.receive_error([&] {
+    p.write(bytes.data(), bytes.size());
+    p.write("only ten b", 10);
+    ::shutdown(p.raw, SHUT_WR);
+  });
+  EXPECT_EQ(error, transport_errc::corrupt_frame);
 }
 
 TEST(transport_frames, payload_checksum_is_verified) {
@@ -251,11 +257,11 @@ TEST(transport_frames, payload_checksum_is_verified) {
   h.flags = wire::flag::payload_crc;
   h.payload_crc = 12345; // not the CRC of "abcd"
   auto bytes = header_of(h);
-  auto waiting = p.ch->recv_async(1);
-  p.write(bytes.data(), bytes.size());
-  p.write("abcd", 4);
-  EXPECT_EQ(error_of([&] { waiting.get(10s); }),
-            transport_errc::corrupt_frame);
+  const auto error = p.receive_error([&] {
+    p.write(bytes.data(), bytes.size());
+    p.write("abcd", 4);
+  });
+  EXPECT_EQ(error, transport_errc::corrupt_frame);
 }
 
 TEST(transport_frames, tensor_shape_must_match_its_payload) {
@@ -269,9 +275,7 @@ TEST(transport_frames, tensor_shape_must_match_its_payload) {
   h.shape[1] = 1000; // 4 MB of floats
   h.payload_bytes = 16;
   auto bytes = header_of(h);
-  auto waiting = p.ch->recv_async(1);
-  p.write(bytes.data(), bytes.size());
-  EXPECT_EQ(error_of([&] { waiting.get(10s); }),
+  EXPECT_EQ(p.receive_error([&] { p.write(bytes.data(), bytes.size()); }),
             transport_errc::corrupt_frame);
 }
 
@@ -313,11 +317,11 @@ TEST(transport_frames, a_placed_payload_where_links_never_place_is_corrupt) {
   auto bytes = header_of(h);
   std::byte record[wire::placement_bytes];
   wire::encode(wire::placement{0, h.payload_bytes}, record);
-  auto waiting = p.ch->recv_async(1);
-  p.write(bytes.data(), bytes.size());
-  p.write(record, sizeof(record));
-  EXPECT_EQ(error_of([&] { waiting.get(10s); }),
-            transport_errc::corrupt_frame);
+  const auto error = p.receive_error([&] {
+    p.write(bytes.data(), bytes.size());
+    p.write(record, sizeof(record));
+  });
+  EXPECT_EQ(error, transport_errc::corrupt_frame);
 }
 
 TEST(transport_frames, placement_records_are_checked) {
@@ -361,6 +365,24 @@ TEST(transport_frames, wire_header_round_trips) {
   EXPECT_EQ(back.shape[2], 4);
   // A payload over the limit is refused before anything is allocated.
   EXPECT_THROW(wire::decode(bytes.data(), 10), transport_error);
+}
+
+TEST(transport_frames, dtype_codes_round_trip_with_their_element_sizes) {
+  for (auto type : {at::kFloat, at::kBFloat16, at::kHalf, at::kLong, at::kInt,
+                    at::kByte, at::kDouble}) {
+    auto code = wire::code_of(type);
+    EXPECT_EQ(wire::scalar_type_of(code), type) << c10::toString(type);
+    EXPECT_EQ(wire::element_size(code), c10::elementSize(type))
+      << c10::toString(type);
+  }
+  // A type the wire does not carry is refused at the send, by name.
+  try {
+    wire::code_of(at::kComplexFloat);
+    ADD_FAILURE() << "complex tensors have no wire code";
+  } catch (const internal_error& e) {
+    EXPECT_NE(std::string(e.what()).find("ComplexFloat"), std::string::npos)
+      << e.what();
+  }
 }
 
 } // namespace

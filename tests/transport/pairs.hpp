@@ -1,20 +1,26 @@
 // Connected channel pairs over every backend, for the conformance suite and
 // the fault tests: two endpoints (nodes 0 and 1) of one job, a dial and an
-// accept.
+// accept; the fixture that holds such a pair, and the messages and error
+// checks the channel suites share.
 #pragma once
 
+#include "h2/transport/channel.hpp"
 #include "h2/transport/endpoint.hpp"
-#include "h2/transport/inproc/channel.hpp"
+#include "h2/transport/inproc/backend.hpp"
 
 #include <h2/config.hpp>
 #if H2_HAS_RDMA
-#include "h2/transport/rdma/channel.hpp"
+#include "h2/transport/rdma/backend.hpp"
 #endif
 
+#include <gtest/gtest.h>
+
+#include <cstring>
 #include <functional>
 #include <future>
 #include <memory>
 #include <string>
+#include <tuple>
 #include <utility>
 
 namespace h2::transport::test {
@@ -34,6 +40,7 @@ inline endpoint_options options_for(int rank, const std::string& backend,
   o.secret = std::move(secret);
   o.backends = {backend};
   o.shm_ring_bytes = std::uint64_t{1} << 20; // small: big messages stream
+  o.rdma_ring_bytes = std::uint64_t{1} << 20; // and wrap the rdma ring
   o.handshake_timeout = std::chrono::milliseconds(5000);
   return o;
 }
@@ -86,6 +93,99 @@ make_pair_over(const std::string& backend,
   endpoint a(a_options);
   endpoint b(b_options);
   return connect(a, b, backend);
+}
+
+/// The byte-stream backends (framed channels): what the fault and receive
+/// suites run over. rdma is skipped in SetUp, with the reason, where no
+/// device exists.
+inline const std::string stream_backends[] = {
+  "shm",
+  "tcp",
+#if H2_HAS_RDMA
+  "rdma",
+#endif
+};
+
+/// A fixture holding a connected pair `a_`, `b_` (closed after the test);
+/// `Base` is ::testing::Test or a ::testing::TestWithParam.
+template <class Base = ::testing::Test>
+class channel_pair_test : public Base {
+protected:
+  /// Skips the test, with the reason, where `backend` cannot run here;
+  /// otherwise connects the pair with `make`, or make_pair_over(backend).
+  /// Call from SetUp().
+  void connect_over(const std::string& backend,
+                    const std::function<channel_pair()>& make = {}) {
+    if (auto why = unavailable(backend); !why.empty())
+      GTEST_SKIP() << why;
+    std::tie(a_, b_) = make ? make() : make_pair_over(backend);
+    ASSERT_NE(a_, nullptr);
+    ASSERT_NE(b_, nullptr);
+  }
+
+  void TearDown() override {
+    if (a_)
+      a_->close();
+    if (b_)
+      b_->close();
+  }
+
+  std::unique_ptr<channel> a_, b_;
+};
+
+/// A message of `text`'s bytes, tagged `tag`.
+inline message bytes_message(std::uint64_t tag, const std::string& text) {
+  message m;
+  m.tag = tag;
+  m.bytes.resize(text.size());
+  if (!text.empty()) // an empty vector's data() may be null
+    std::memcpy(m.bytes.data(), text.data(), text.size());
+  return m;
+}
+
+/// A message of tensor `t`, tagged `tag`.
+inline message tensor_message(std::uint64_t tag, at::Tensor t) {
+  message m;
+  m.tag = tag;
+  m.tensor = std::move(t);
+  return m;
+}
+
+/// The bytes of `m` as text.
+inline std::string text_of(const message& m) {
+  return std::string(reinterpret_cast<const char*>(m.bytes.data()),
+                     m.bytes.size());
+}
+
+/// The code of the transport_error that `f` throws; a test failure (and
+/// `cancelled`) when it throws none.
+template <class F>
+transport_errc error_of(F&& f) {
+  try {
+    f();
+  } catch (const transport_error& e) {
+    return e.code();
+  }
+  ADD_FAILURE() << "no transport_error";
+  return transport_errc::cancelled;
+}
+
+/// Sends `n` byte messages on tag 5 from `from`, each its index as text and
+/// as its virtual send time, and checks that `to` receives them in order,
+/// each within `patience` (fatal failures: call in ASSERT_NO_FATAL_FAILURE).
+inline void expect_one_tag_in_order(channel& from, channel& to, int n,
+                                    std::chrono::duration<double> patience) {
+  for (int i = 0; i < n; ++i) {
+    message m = bytes_message(5, std::to_string(i));
+    m.sent.virtual_seconds = i;
+    from.send(std::move(m));
+  }
+  for (int i = 0; i < n; ++i) {
+    message m = to.recv(5, patience);
+    ASSERT_EQ(m.tag, 5u);
+    ASSERT_EQ(text_of(m), std::to_string(i));
+    ASSERT_EQ(m.sent.virtual_seconds, i);
+  }
 }
 
 } // namespace h2::transport::test

@@ -6,14 +6,13 @@
 // rings and credits. Compiled when rdma-core is (H2_HAS_RDMA).
 #include "pairs.hpp"
 
-#include "h2/transport/rdma/channel.hpp"
+#include "h2/transport/rdma/backend.hpp"
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <chrono>
-#include <cstring>
 #include <thread>
 
 namespace h2::transport {
@@ -23,29 +22,9 @@ using namespace std::chrono_literals;
 
 constexpr auto patience = 20s;
 
-message bytes_message(std::uint64_t tag, const std::string& text) {
-  message m;
-  m.tag = tag;
-  m.bytes.resize(text.size());
-  std::memcpy(m.bytes.data(), text.data(), text.size());
-  return m;
-}
-
-std::string text_of(const message& m) {
-  return std::string(reinterpret_cast<const char*>(m.bytes.data()),
-                     m.bytes.size());
-}
-
-template <class F>
-transport_errc error_of(F&& f) {
-  try {
-    f();
-  } catch (const transport_error& e) {
-    return e.code();
-  }
-  ADD_FAILURE() << "no transport_error";
-  return transport_errc::cancelled;
-}
+using test::bytes_message;
+using test::error_of;
+using test::text_of;
 
 endpoint_options all_backends(int rank) {
   auto o = test::options_for(rank, "tcp");
@@ -113,38 +92,36 @@ TEST(transport_rdma_discovery, dialing_rdma_without_a_device_is_refused) {
     config_error);
 }
 
+TEST(transport_rdma_discovery, ring_size_is_its_own_option_and_checked) {
+  // The rdma ring no longer follows the shm ring: a 0-byte shm ring is the
+  // shm backend's error alone.
+  auto o = test::options_for(0, "rdma");
+  o.shm_ring_bytes = 0;
+  EXPECT_NO_THROW(endpoint e(o));
+  for (std::uint64_t bad : {std::uint64_t{0}, std::uint64_t{32} << 10,
+                            (std::uint64_t{1} << 30) + 1}) {
+    o = test::options_for(0, "rdma");
+    o.rdma_ring_bytes = bad;
+    try {
+      endpoint e(o);
+      ADD_FAILURE() << "an rdma ring of " << bad << " bytes was accepted";
+    } catch (const config_error& e) {
+      EXPECT_EQ(e.key_path(), "transport.rdma_ring_mb") << e.what();
+    }
+  }
+}
+
 // -- with a device ------------------------------------------------------------
 
-class transport_rdma : public ::testing::Test {
+class transport_rdma : public test::channel_pair_test<> {
 protected:
-  void SetUp() override {
-    if (auto why = test::unavailable("rdma"); !why.empty())
-      GTEST_SKIP() << why;
-    std::tie(a_, b_) = test::make_pair_over("rdma");
-  }
-
-  void TearDown() override {
-    if (a_)
-      a_->close();
-    if (b_)
-      b_->close();
-  }
-
-  std::unique_ptr<channel> a_, b_;
+  void SetUp() override { connect_over("rdma"); }
 };
 
 TEST_F(transport_rdma, one_tag_arrives_in_order) {
-  constexpr int n = 2000; // far more than the notifications in flight
-  for (int i = 0; i < n; ++i) {
-    message m = bytes_message(5, std::to_string(i));
-    m.sent.virtual_seconds = i;
-    a_->send(std::move(m));
-  }
-  for (int i = 0; i < n; ++i) {
-    message m = b_->recv(5, patience);
-    ASSERT_EQ(text_of(m), std::to_string(i));
-    ASSERT_EQ(m.sent.virtual_seconds, i);
-  }
+  // 2000: far more than the notifications in flight.
+  ASSERT_NO_FATAL_FAILURE(
+    test::expect_one_tag_in_order(*a_, *b_, 2000, patience));
   EXPECT_EQ(a_->backend(), "rdma");
 }
 

@@ -43,12 +43,7 @@ bool in_shm_segment(const void* p) {
   return false;
 }
 
-message tensor_message(std::uint64_t tag, at::Tensor t) {
-  message m;
-  m.tag = tag;
-  m.tensor = std::move(t);
-  return m;
-}
+using test::tensor_message;
 
 /// A float tensor of `n` elements counting from `from`.
 at::Tensor counting(std::int64_t n, float from) {

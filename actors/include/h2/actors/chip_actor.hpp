@@ -1,9 +1,9 @@
 // The chip actor: one per chip, owning its device context and stage (through
-// a stage_worker). Spawned detached, so its blocking compute and channel
-// waits run on its own thread, never on CAF's scheduler threads.
+// a runtime::stage_worker). Spawned detached, so its blocking compute and
+// channel waits run on its own thread, never on CAF's scheduler threads.
 #pragma once
 
-#include "h2/actors/stage_worker.hpp"
+#include "h2/runtime/stage_worker.hpp"
 
 #include <caf/behavior.hpp>
 #include <caf/event_based_actor.hpp>
@@ -16,8 +16,9 @@ namespace h2::actors {
 /// - (step_atom, step_command) -> chip_step_report
 /// - (update_atom, update_command) -> chip_update_report
 /// - (eval_atom, eval_command) -> chip_eval_report
-/// - (params_atom) -> std::vector<parameter_values>
+/// - (params_atom) -> std::vector<runtime::parameter_values>
 /// Spawn with caf::detached.
-caf::behavior chip_actor(caf::event_based_actor* self, worker_setup setup);
+caf::behavior chip_actor(caf::event_based_actor* self,
+                         runtime::worker_setup setup);
 
 } // namespace h2::actors

@@ -9,11 +9,11 @@
 
 #include "h2/actors/errors.hpp"
 #include "h2/actors/local_job.hpp"
-#include "h2/actors/messages.hpp"
-#include "h2/actors/observer.hpp"
+#include "h2/runtime/reports.hpp"
+#include "h2/runtime/observer.hpp"
 #include "h2/core/job.hpp"
 #include "h2/core/plan.hpp"
-#include "h2/transport/endpoint.hpp"
+#include "h2/transport/handshake.hpp"
 
 #include <caf/actor.hpp>
 
@@ -25,86 +25,11 @@
 #include <string>
 #include <vector>
 
-namespace h2::transport {
-
-template <class Inspector>
-typename Inspector::result_type inspect(Inspector& f, endpoint_address& x) {
-  return f(caf::meta::type_name("endpoint_address"), x.node_rank, x.host_id,
-           x.tcp_host, x.tcp_port, x.shm_socket, x.rdma_device, x.rdma_port);
-}
-
-} // namespace h2::transport
-
 namespace h2::actors {
-
-/// A node asking to join: who it is, where its transport listens, and the
-/// proof that it knows the job's secret.
-struct node_join {
-  std::int32_t rank = 0;
-  std::string proof;      ///< hex HMAC of the coordinator's nonce
-  std::string job_digest; ///< SHA-256 of the job, so all nodes run one job
-  transport::endpoint_address address;
-  std::int32_t pid = 0;
-  std::string hostname;
-};
-
-template <class Inspector>
-typename Inspector::result_type inspect(Inspector& f, node_join& x) {
-  return f(caf::meta::type_name("node_join"), x.rank, x.proof, x.job_digest,
-           x.address, x.pid, x.hostname);
-}
-
-/// One channel a node must open: to `peer` from its chip `local`.
-struct link_assignment {
-  std::uint64_t id = 0;
-  chip_id local;
-  chip_id peer;
-  transport::endpoint_address peer_address;
-  bool dial = false;   ///< dial (else accept)
-  std::string backend; ///< "inproc", "shm", "rdma", "tcp"
-};
-
-template <class Inspector>
-typename Inspector::result_type inspect(Inspector& f, link_assignment& x) {
-  return f(caf::meta::type_name("link_assignment"), x.id, x.local, x.peer,
-           x.peer_address, x.dial, x.backend);
-}
-
-/// What a node runs: the plan and its channels.
-struct node_assignment {
-  std::string plan_json;
-  std::vector<link_assignment> links;
-  /// The run's clock origin, nanoseconds of the system clock since its
-  /// epoch (every node maps it onto its own steady clock).
-  std::int64_t origin_system_ns = 0;
-};
-
-template <class Inspector>
-typename Inspector::result_type inspect(Inspector& f, node_assignment& x) {
-  return f(caf::meta::type_name("node_assignment"), x.plan_json, x.links,
-           x.origin_system_ns);
-}
-
-/// A node's chip actors, ready.
-struct node_ready {
-  std::int32_t rank = 0;
-  std::vector<chip_id> chips;
-  std::vector<caf::actor> actors;
-};
-
-template <class Inspector>
-typename Inspector::result_type inspect(Inspector& f, node_ready& x) {
-  return f(caf::meta::type_name("node_ready"), x.rank, x.chips, x.actors);
-}
-
-/// How often nodes report that they live, and how long the coordinator
-/// waits before it declares a silent node stalled.
-constexpr std::chrono::seconds heartbeat_interval{1};
-constexpr std::chrono::seconds heartbeat_timeout{5};
 
 struct node_options {
   std::shared_ptr<const job_config> job;
-  std::string job_digest; ///< of the job file's text
+  std::string job_digest; ///< transport::job_digest of the job file's text
   int rank = 0;
   int world_size = 1;
   /// The coordinator's address (rank 0 listens there; port 0: any).
@@ -118,7 +43,7 @@ struct node_options {
   run_options run;
   /// Rank 0: progress, logs, metrics of the whole job. Other ranks: their
   /// chips' metrics (step summaries are broadcast). May be null.
-  training_observer* observer = nullptr;
+  runtime::training_observer* observer = nullptr;
   /// Non-zero: stop at the next step boundary (any rank may ask).
   std::shared_ptr<std::atomic<int>> stop;
   /// How long to wait for the coordinator and for every node to join.
@@ -132,8 +57,8 @@ struct node_options {
 
 /// How a node's run ended.
 struct node_outcome {
-  run_summary summary;                      ///< rank 0
-  std::vector<parameter_values> parameters; ///< rank 0, when collected
+  runtime::run_summary summary;                      ///< rank 0
+  std::vector<runtime::parameter_values> parameters; ///< rank 0, when collected
 };
 
 class cluster_node {
@@ -152,9 +77,6 @@ public:
 
   /// Fails this node's work at once (a second signal). Thread-safe.
   void abort() noexcept;
-
-  /// SHA-256 of a job file's text, hex (node_options::job_digest).
-  static std::string digest(const std::string& job_text);
 
 private:
   node_options options_;

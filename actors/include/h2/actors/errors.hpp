@@ -1,4 +1,4 @@
-// Errors across actor boundaries (CONVENTIONS.md rule 5): caf::error with
+// Errors across actor boundaries (docs/conventions.md, rule 5): caf::error with
 // H2's category and code, the one-line message as context. Exceptions thrown
 // inside a chip become these at the actor boundary and exceptions again
 // (run_error) where the application waits.
@@ -29,6 +29,7 @@ enum class errc : std::uint8_t {
   bad_config,
   internal,
   failed, ///< any other failure
+  step_timeout, ///< a chip did not answer within runtime.step_timeout_seconds
 };
 
 /// The caf::error category atom of H2's errors.

@@ -3,10 +3,10 @@
 // actor driving them. What `h2-launch` runs.
 #pragma once
 
-#include "h2/actors/observer.hpp"
 #include "h2/core/cancellation.hpp"
 #include "h2/core/job.hpp"
 #include "h2/core/plan.hpp"
+#include "h2/runtime/observer.hpp"
 #include "h2/transport/channel.hpp"
 
 #include <caf/actor_system_config.hpp>
@@ -44,18 +44,20 @@ public:
   /// step boundary once `*stop` is non-zero (`stop` may be null). Blocks.
   /// Throws run_error with the root cause when a chip fails (every chip is
   /// stopped and every resource released first).
-  run_summary run(const run_options& opts, training_observer& observer,
-                  std::shared_ptr<std::atomic<int>> stop = nullptr);
+  runtime::run_summary run(const run_options& opts,
+                           runtime::training_observer& observer,
+                           std::shared_ptr<std::atomic<int>> stop = nullptr);
 
   /// The parameters at the end of the last run, in global layer order (of
   /// replica 0), when it was asked to collect them.
-  const std::vector<parameter_values>& parameters() const noexcept {
+  const std::vector<runtime::parameter_values>& parameters() const noexcept {
     return parameters_;
   }
 
   /// The parameters of one chip at the end of the last run (collected with
   /// the others); empty for chips outside the plan.
-  std::vector<parameter_values> parameters_of(const chip_id& chip) const;
+  std::vector<runtime::parameter_values>
+  parameters_of(const chip_id& chip) const;
 
   /// Fails the step in flight at once: cancels every chip's waits and op
   /// loop and closes every channel. A run aborted before it starts fails at
@@ -68,8 +70,8 @@ private:
   std::shared_ptr<cancellation> cancel_ = std::make_shared<cancellation>();
   std::mutex mutex_;
   std::vector<std::shared_ptr<transport::channel>> channels_;
-  std::vector<parameter_values> parameters_;
-  std::map<chip_id, std::vector<parameter_values>> chip_parameters_;
+  std::vector<runtime::parameter_values> parameters_;
+  std::map<chip_id, std::vector<runtime::parameter_values>> chip_parameters_;
 };
 
 } // namespace h2::actors

@@ -4,14 +4,16 @@
 // Event-based: it never blocks; the chips do the work.
 #pragma once
 
-#include "h2/actors/observer.hpp"
+#include "h2/actors/errors.hpp"
 #include "h2/core/job.hpp"
 #include "h2/core/plan.hpp"
+#include "h2/runtime/observer.hpp"
 
 #include <caf/actor.hpp>
 #include <caf/actor_system.hpp>
 
 #include <atomic>
+#include <chrono>
 #include <memory>
 #include <vector>
 
@@ -21,15 +23,26 @@ namespace h2::actors {
 struct run_context {
   std::shared_ptr<const job_config> job;
   plan the_plan;
-  std::vector<caf::actor> chips;         ///< every chip actor of the plan
-  training_observer* observer = nullptr; ///< outlives the run
+  std::vector<caf::actor> chips; ///< every chip actor of the plan
+  runtime::training_observer* observer = nullptr; ///< outlives the run
   /// Set (to 1) to stop at the next step boundary.
   std::shared_ptr<std::atomic<int>> stop;
 };
 
+/// How long one per-step request to a chip (set-up, step, update,
+/// validation, parameters) may take: the job's
+/// runtime.step_timeout_seconds (docs/job-file.md).
+std::chrono::milliseconds step_timeout(const job_config& job);
+
+/// The failure of a per-step request to `chip`: a timeout (CAF's
+/// request_timeout) becomes errc::step_timeout naming the chip and the key,
+/// anything else to_failure(e).
+failure request_failure(const caf::error& e, const job_config& job,
+                        const chip_id& chip);
+
 /// Spawns the scheduler actor. It answers (train_atom, int steps) with a
-/// run_summary, or with the root cause of a failure as an H2 caf::error,
-/// after setting up every chip.
+/// runtime::run_summary, or with the root cause of a failure as an H2
+/// caf::error, after setting up every chip.
 caf::actor spawn_scheduler(caf::actor_system& system,
                            std::shared_ptr<run_context> ctx);
 

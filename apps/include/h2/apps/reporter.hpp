@@ -3,7 +3,7 @@
 // Chrome/Perfetto trace of every chip's ops, and Prometheus metrics.
 #pragma once
 
-#include "h2/actors/observer.hpp"
+#include "h2/runtime/observer.hpp"
 #include "h2/core/job.hpp"
 #include "h2/metrics/registry.hpp"
 #include "h2/metrics/trace.hpp"
@@ -28,7 +28,7 @@ struct reporter_options {
   std::optional<double> predicted_step_seconds;
 };
 
-class reporter final : public actors::training_observer {
+class reporter final : public runtime::training_observer {
 public:
   /// `registry` may be null (no metrics). Opens the JSON log; throws
   /// h2::error naming the path when it cannot.
@@ -36,18 +36,18 @@ public:
            metrics::registry* registry);
 
   void on_setup(const plan& p,
-                const std::vector<actors::setup_report>& chips) override;
-  void on_step(const actors::step_summary& s) override;
+                const std::vector<runtime::setup_report>& chips) override;
+  void on_step(const runtime::step_summary& s) override;
   void on_eval(int step, double val_loss) override;
 
   /// Prints the summary and writes the trace (if asked for).
-  void finish(const actors::run_summary& summary);
+  void finish(const runtime::run_summary& summary);
 
 private:
   /// Labels of a chip's metrics: chip, profile, vendor, node, stage.
   metrics::label_set chip_labels(const chip_id& id, int stage) const;
-  void update_metrics(const actors::step_summary& s);
-  void trace_step(const actors::step_summary& s);
+  void update_metrics(const runtime::step_summary& s);
+  void trace_step(const runtime::step_summary& s);
 
   const job_config& job_;
   reporter_options options_;

@@ -2,7 +2,7 @@
 // loading the job and the plan, the metrics endpoint, exporting the model.
 #pragma once
 
-#include "h2/actors/messages.hpp"
+#include "h2/runtime/reports.hpp"
 #include "h2/core/job.hpp"
 #include "h2/core/plan.hpp"
 #include "h2/metrics/http_server.hpp"
@@ -39,8 +39,9 @@ void add_run_flags(CLI::App& cli, run_flags& flags);
 int parse_and_run(CLI::App& cli, int argc, char** argv,
                   const std::string& program, const std::function<int()>& body);
 
-/// The job (the built-in demo when `path` is empty), with --steps applied.
-/// Throws config_error.
+/// The job (the built-in demo when `path` is empty), with --steps and the
+/// H2_TRANSPORT environment variable (transport.backend) applied. Throws
+/// config_error.
 std::shared_ptr<job_config> load_job(const std::string& path,
                                      const run_flags& flags);
 
@@ -81,7 +82,7 @@ private:
 /// Writes parameters as a safetensors file (a JSON header of names, dtypes,
 /// shapes and offsets, then the raw little-endian data). Throws h2::error.
 void write_safetensors(const std::string& path,
-                       const std::vector<actors::parameter_values>& params,
+                       const std::vector<runtime::parameter_values>& params,
                        const std::string& job_name);
 
 } // namespace h2::apps

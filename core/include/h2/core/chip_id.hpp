@@ -1,4 +1,4 @@
-// The one name of a chip: "<node-rank>:<local-index>" (DESIGN.md).
+// The one name of a chip: "<node-rank>:<local-index>" (docs/architecture.md).
 #pragma once
 
 #include <compare>

@@ -1,4 +1,4 @@
-// H2's error types (CONVENTIONS.md rule 5).
+// H2's error types (docs/conventions.md, rule 5).
 //
 // - Invariants: H2_ENFORCE(cond, values...) throws h2::internal_error with the
 //   condition, the location and the values that broke it.

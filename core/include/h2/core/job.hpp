@@ -16,7 +16,7 @@
 
 namespace h2 {
 
-/// How an emulated chip keeps time (DESIGN.md, "Emulated chips").
+/// How an emulated chip keeps time (docs/architecture.md, "Emulated chips").
 enum class clock_mode {
   virtual_clock, ///< ops advance a per-chip clock without sleeping
   wall,          ///< chips wait out the emulated time for real
@@ -135,10 +135,21 @@ struct transport_config {
   /// more are copied once, into a block the receiver adopts (0: none, every
   /// payload streams through the ring).
   std::uint64_t shm_heap_bytes = std::uint64_t{256} << 20;
+  /// Bytes of each direction's RDMA receive ring (and of the writer's
+  /// staging ring that mirrors it): 64 KiB to 1 GiB.
+  std::uint64_t rdma_ring_bytes = std::uint64_t{16} << 20;
   /// Gradients are all-reduced across replicas in buckets of this size.
   std::uint64_t bucket_bytes = std::uint64_t{25} << 20;
   /// What gradients cross the wire as in the all-reduce: fp32 or bf16.
   dtype reduce_dtype = dtype::fp32;
+};
+
+/// [runtime]: how chips and the scheduler wait on each other.
+struct runtime_config {
+  /// Longest a per-step request (set-up, forward/backward, update,
+  /// validation, parameter collection) may take before the run fails with a
+  /// timeout, seconds. The whole run is bounded by the heartbeats instead.
+  double step_timeout_seconds = 600;
 };
 
 struct security_config {
@@ -160,6 +171,7 @@ struct job_config {
   plan_config plan;
   metrics_config metrics;
   transport_config transport;
+  runtime_config runtime;
   security_config security;
   topology_config topology; ///< [topology]: link tiers (core/topology.hpp)
   catalog profiles;         ///< built-in profiles plus the job's [profiles.*]

@@ -1,5 +1,5 @@
 // The plan: which chips form which stages, which layers each stage holds,
-// micro-batching and schedule (DESIGN.md, "Plan"). A plain struct with a
+// micro-batching and schedule (docs/architecture.md, "Plan"). A plain struct with a
 // versioned JSON form that h2-plan prints and h2-launch --plan accepts.
 #pragma once
 
@@ -69,6 +69,10 @@ struct chip_link {
 
   auto operator<=>(const chip_link&) const = default;
 };
+
+/// Every chip of `p` in plan order: replica by replica, stage by stage (the
+/// order of the runtime's worker set-ups and the actors' chip lists).
+std::vector<chip_id> plan_chips(const plan& p);
 
 /// Every pair of chips of `p` that needs a channel, sorted.
 std::vector<chip_link> plan_links(const plan& p);

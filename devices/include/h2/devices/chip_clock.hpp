@@ -1,4 +1,4 @@
-// A chip's time (DESIGN.md, "Emulated chips": two clocks).
+// A chip's time (docs/architecture.md, "Emulated chips": two clocks).
 //
 // Every chip keeps a virtual clock: each op advances it by the op's time
 // (emulated, or measured on real devices) and a receive completes at

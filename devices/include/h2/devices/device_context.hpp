@@ -1,4 +1,4 @@
-// DiTorch: one device interface for every chip (DESIGN.md, "Device context").
+// DiTorch: one device interface for every chip (docs/architecture.md, "Device context").
 //
 // A device_context is owned by one chip actor and used from that actor's
 // thread (bind() it there first). It knows what chip it is, where its

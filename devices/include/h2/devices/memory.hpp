@@ -1,4 +1,4 @@
-// Memory accounting with a hard capacity (DESIGN.md, "Device context").
+// Memory accounting with a hard capacity (docs/architecture.md, "Device context").
 //
 // Every CPU tensor allocated on a thread bound to a chip (thread_binding) is
 // charged to that chip's memory_account until the tensor's storage is freed,

@@ -1,5 +1,5 @@
 // A small HTTP/1.1 server for Prometheus scrapes (`GET /metrics`), on Asio.
-// Treats clients as hostile (DESIGN.md, "Trust"): bounded request heads,
+// Treats clients as hostile (docs/architecture.md, "Trust"): bounded request heads,
 // deadlines on every connection, a cap on concurrent connections.
 #pragma once
 

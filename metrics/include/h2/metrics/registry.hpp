@@ -1,5 +1,5 @@
 // The metric registry: counters, gauges and histograms, exposed in
-// Prometheus' text exposition format 0.0.4 (DESIGN.md, "Metrics": names start
+// Prometheus' text exposition format 0.0.4 (docs/architecture.md, "Metrics": names start
 // with `h2_` and end in a unit suffix, counters in `_total`).
 //
 // Registration (get_*) takes a mutex; updating a metric is lock-free. Callers

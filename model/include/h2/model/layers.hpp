@@ -1,6 +1,6 @@
 // The GPT's layers: embedding, pre-LayerNorm transformer block, head. Each
 // global layer owns its parameters and their AdamW state, so a layer can move
-// between stages with everything it needs (DESIGN.md, step 5).
+// between stages with everything it needs (docs/architecture.md, step 5).
 //
 // Initial weights depend only on (seed, global layer index): every partition
 // of the model starts from the same weights.
@@ -31,7 +31,7 @@ struct micro_batch {
   at::Tensor tokens;  ///< [sequences, seq_len] int64 inputs
   at::Tensor targets; ///< [sequences, seq_len] int64 next tokens
   /// Multiplies the summed token losses: 1 / tokens in the global batch,
-  /// so the step's loss is the mean over every token (DESIGN.md, "Loss").
+  /// so the step's loss is the mean over every token (docs/architecture.md, "Loss").
   double loss_scale = 1.0;
 };
 

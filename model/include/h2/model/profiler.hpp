@@ -49,15 +49,11 @@ public:
   /// The AdamW update of one `kind` layer on a chip like `chip`.
   double optimizer(const chip_spec& chip, layer_kind kind);
 
-  /// Real (timed) runs so far; emulated answers are not runs.
-  int runs() const noexcept { return runs_; }
-
 private:
   devices::device_context& device(const chip_spec& chip);
 
   const job_config* job_;
   int repeats_;
-  int runs_ = 0;
   std::map<std::string, std::unique_ptr<devices::device_context>> devices_;
 };
 

@@ -1,6 +1,7 @@
-// plan.mode = "auto" for the binaries: the profiling pass on the job's chips
+// plan.mode = "auto": the profiling pass on the job's chips
 // (model::chip_profiler) as the planner's measurements, and the planner run
-// on them. h2-plan uses it; h2-launch plans an auto job with plan_job().
+// on them. The one adapter from chips to planner measurements: h2-plan,
+// h2-launch (plan_job()), the benchmarks and the prediction tests use it.
 #pragma once
 
 #include "h2/core/job.hpp"
@@ -12,7 +13,7 @@ namespace h2::model {
 class chip_profiler;
 }
 
-namespace h2::apps {
+namespace h2::runtime {
 
 /// The planner's measurements, taken by profiling each chip kind of `job`
 /// (emulated chips: their own charged times; real chips: timed runs of the
@@ -29,9 +30,6 @@ public:
                                 int micro_batch_size) override;
   double optimizer(const chip_spec& chip, layer_kind kind) override;
 
-  /// Timed runs on real chips so far (0 on emulated clusters).
-  int real_runs() const noexcept;
-
 private:
   std::unique_ptr<model::chip_profiler> profiler_;
 };
@@ -41,4 +39,4 @@ private:
 scheduler::planned plan_job(const job_config& job,
                             const scheduler::planner_options& options = {});
 
-} // namespace h2::apps
+} // namespace h2::runtime

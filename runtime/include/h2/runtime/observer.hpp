@@ -3,14 +3,14 @@
 // steps. Keep them short; they delay the next step.
 #pragma once
 
-#include "h2/actors/messages.hpp"
-#include "h2/actors/step_summary.hpp"
+#include "h2/runtime/reports.hpp"
+#include "h2/runtime/step_summary.hpp"
 #include "h2/core/plan.hpp"
 
 #include <optional>
 #include <vector>
 
-namespace h2::actors {
+namespace h2::runtime {
 
 /// The end of a run.
 struct run_summary {
@@ -24,14 +24,6 @@ struct run_summary {
   double virtual_seconds = 0; ///< virtual time of the whole run
   double wall_seconds = 0;    ///< wall time of the whole run
 };
-
-template <class Inspector>
-typename Inspector::result_type inspect(Inspector& f, run_summary& x) {
-  return f(caf::meta::type_name("run_summary"), x.steps, x.stopped_early,
-           x.final_loss, x.final_val_loss, x.mean_step_seconds,
-           x.tokens_per_second, x.mean_bubble_fraction, x.virtual_seconds,
-           x.wall_seconds);
-}
 
 class training_observer {
 public:
@@ -66,4 +58,4 @@ public:
   std::vector<double> val_losses;
 };
 
-} // namespace h2::actors
+} // namespace h2::runtime

@@ -1,11 +1,12 @@
-// What a chip actor does, without the actor: runs its stage's op list for a
-// step on its device, exchanging activations and gradients with its
-// neighbours over channels, then applies the optimizer update. Everything
-// runs on the calling thread (the chip actor's own), blocking; a chip runs
-// its whole op list itself, not one actor message per op (DESIGN.md).
+// What a chip does in a step, without an actor: runs its stage's op list on
+// its device, exchanging activations and gradients with its neighbours over
+// channels, sums gradients with its replicas, then applies the optimizer
+// update. Everything runs on the calling thread (a chip actor's own, or a
+// test's), blocking; a chip runs its whole op list itself, not one actor
+// message per op (docs/architecture.md, "A step").
 #pragma once
 
-#include "h2/actors/messages.hpp"
+#include "h2/runtime/reports.hpp"
 #include "h2/core/job.hpp"
 #include "h2/core/plan.hpp"
 #include "h2/devices/device_context.hpp"
@@ -18,7 +19,7 @@
 #include <memory>
 #include <optional>
 
-namespace h2::actors {
+namespace h2::runtime {
 
 /// A chip this one exchanges tensors with, and the channel to it.
 struct peer_link {
@@ -98,6 +99,7 @@ public:
   /// Copies of the stage's parameters, layer by layer.
   std::vector<parameter_values> parameters() const;
 
+
   /// Closes both channels: waiting neighbours fail with peer_closed, this
   /// worker's own waits with cancelled. Thread-safe.
   void close_channels() noexcept;
@@ -132,4 +134,4 @@ private:
   double loss_scale_ = 1; ///< 1 / tokens of the global batch
 };
 
-} // namespace h2::actors
+} // namespace h2::runtime

@@ -3,12 +3,12 @@
 // scheduler actor, progress output, JSON logs, metrics and traces.
 #pragma once
 
-#include "h2/actors/messages.hpp"
+#include "h2/runtime/reports.hpp"
 #include "h2/core/job.hpp"
 
 #include <vector>
 
-namespace h2::actors {
+namespace h2::runtime {
 
 /// One chip's share of a step, in the run's clock.
 struct chip_step_stats {
@@ -58,28 +58,6 @@ struct step_summary {
   std::vector<traced_op> ops;
 };
 
-template <class Inspector>
-typename Inspector::result_type inspect(Inspector& f, chip_step_stats& x) {
-  return f(caf::meta::type_name("chip_step_stats"), x.chip, x.replica,
-           x.stage, x.forward_seconds, x.backward_seconds,
-           x.optimizer_seconds, x.idle_seconds, x.memory, x.traffic,
-           x.overruns, x.overrun_seconds);
-}
-
-template <class Inspector>
-typename Inspector::result_type inspect(Inspector& f, traced_op& x) {
-  return f(caf::meta::type_name("traced_op"), x.chip, x.op);
-}
-
-template <class Inspector>
-typename Inspector::result_type inspect(Inspector& f, step_summary& x) {
-  return f(caf::meta::type_name("step_summary"), x.step, x.loss, x.lr,
-           x.grad_norm, x.clip_coefficient, x.step_seconds,
-           x.virtual_step_seconds, x.wall_step_seconds, x.pipeline_seconds,
-           x.bubble_fraction, x.tokens_per_second, x.virtual_end,
-           x.wall_start, x.wall_end, x.chips, x.ops);
-}
-
 /// Combines the chips' reports of one step. `steps` and `updates` hold one
 /// entry per chip (any order).
 step_summary summarize_step(int step, clock_mode clock, std::int64_t tokens,
@@ -98,4 +76,4 @@ double grad_norm_of(const std::vector<chip_step_report>& steps);
 /// the global gradient-norm reduction's barrier.
 double virtual_phase_end(const std::vector<chip_step_report>& steps);
 
-} // namespace h2::actors
+} // namespace h2::runtime

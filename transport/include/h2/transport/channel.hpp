@@ -1,4 +1,4 @@
-// DiComm's channel (DESIGN.md, "Channel"): ordered, tagged, asynchronous
+// DiComm's channel (docs/architecture.md, Contracts): ordered, tagged, asynchronous
 // send/recv of tensors and byte buffers between two endpoints. Errors (peer
 // gone, timeout, corrupt frame) surface as transport_error at the waiting
 // call, never as a hang: every wait takes a timeout chosen by the caller.
@@ -24,7 +24,7 @@
 
 namespace h2::transport {
 
-/// When the sender sent a frame, on both of its clocks (DESIGN.md: a
+/// When the sender sent a frame, on both of its clocks (docs/emulation.md: a
 /// receive completes at max(receiver clock, send clock + link time)).
 struct clock_stamp {
   double virtual_seconds = 0;
@@ -44,7 +44,8 @@ struct message {
 };
 
 /// A channel whose receives take arrived messages themselves, on the
-/// waiting thread (shm: the waiter reads the ring), so that a message costs
+/// waiting thread (the framed channels of shm, tcp and rdma: the waiter
+/// reads the link; docs/transport.md, Receiving), so that a message costs
 /// at most one thread wake-up, and none while the waiter polls. Held by
 /// pending receives: calls must stay safe (and do nothing) once the channel
 /// is gone.

@@ -1,6 +1,7 @@
 // Collectives over channels: the ring all-reduce that sums the gradients of
-// one layer group across data-parallel replicas (DESIGN.md: gradients of the
-// same layer are all-reduced across replicas, weighted by their tokens).
+// one layer group across data-parallel replicas (docs/transport.md,
+// Collectives: gradients of the same layer are all-reduced across replicas,
+// weighted by their tokens).
 #pragma once
 
 #include <ATen/core/Tensor.h>

@@ -1,11 +1,15 @@
 // A node's transport endpoint: where its chips can be reached over every
 // backend it runs, and how channels to other nodes are dialed and accepted.
-// Backends are tried in NCCL's manner: an ordered table, the first that can
-// connect the two endpoints wins (same host -> shm, RDMA on both -> rdma,
-// else tcp; in-process pairs never reach an endpoint).
+// Backends are chosen in NCCL's manner: one ordered table, the first whose
+// can_connect() joins the two addresses wins: inproc (same node), shm (same
+// host), rdma (a device on both ends), tcp (docs/transport.md, Which
+// backend). In-process pairs never reach an endpoint.
 #pragma once
 
+#include "h2/core/error.hpp"
 #include "h2/transport/framed.hpp"
+#include "h2/transport/handshake.hpp"
+#include "h2/transport/link.hpp"
 
 #include <chrono>
 #include <condition_variable>
@@ -24,8 +28,8 @@ namespace h2::transport {
 /// coordinator (a plain struct so actors can send it).
 struct endpoint_address {
   std::int32_t node_rank = 0;
-  /// The host's identity: boot id + network namespace (DESIGN.md: one
-  /// kernel and network namespace is one host).
+  /// The host's identity: boot id + network namespace (docs/transport.md:
+  /// one kernel and network namespace is one host).
   std::string host_id;
   std::string tcp_host; ///< address peers dial
   std::uint16_t tcp_port = 0;
@@ -37,19 +41,35 @@ struct endpoint_address {
 /// This process's host identity (see endpoint_address::host_id).
 std::string this_host_id();
 
+/// A listener could not bind its address (the tcp listener's host:port, the
+/// shm rendezvous socket): an address that is not this host's, one in use,
+/// or no file descriptors left. Not a transport_error: no channel or peer is
+/// involved yet.
+class bind_error : public error {
+public:
+  /// `address` as the message names it ("10.0.0.2:0", "unix:h2-shm-...");
+  /// `sys_errno` the errno of the failing call.
+  bind_error(std::string backend, std::string address, int sys_errno);
+
+  const std::string& address() const noexcept { return address_; }
+  int sys_errno() const noexcept { return sys_errno_; }
+
+private:
+  std::string address_;
+  int sys_errno_;
+};
+
 /// One backend of an endpoint: bootstraps a connection and turns it into the
 /// link data travels on. Every backend folder (tcp/, shm/, rdma/) provides
-/// one through the same three steps.
+/// one through the same three steps; whether it can join two addresses is
+/// the free function `<backend>::can_connect` of its backend.hpp, which
+/// choose_backend() walks.
 class backend {
 public:
   virtual ~backend() = default;
 
   /// "shm", "rdma", "tcp".
   virtual std::string_view name() const noexcept = 0;
-
-  /// Whether this backend can join `a` and `b` (NCCL's canConnect).
-  virtual bool can_connect(const endpoint_address& a,
-                           const endpoint_address& b) const = 0;
 
   /// Starts listening, fills its part of `local`, and hands every incoming
   /// bootstrap connection to `on_connection` (on a thread of its own).
@@ -78,24 +98,43 @@ struct endpoint_options {
   std::string bind_host = "127.0.0.1";
   std::shared_ptr<const job_secret> secret;
   framed_options framing;
-  /// Backends to run, in preference order ("shm", "rdma", "tcp").
+  /// Backends to run ("shm", "rdma", "tcp"); the order of choose_backend()'s
+  /// table decides between them, not this list's.
   std::vector<std::string> backends = {"shm", "rdma", "tcp"};
-  /// Bytes of each direction's shared-memory ring.
+  /// Bytes of each direction's shared-memory ring (job key
+  /// transport.shm_ring_mb); more than 0, at most 1 TiB.
   std::uint64_t shm_ring_bytes = std::uint64_t{16} << 20;
   /// Bytes of each direction's shared-memory heap, where tensors of 64 KiB
   /// and more are placed for the receiver to adopt (one copy); 0 streams
   /// every payload through the ring. Pages are touched only when used.
   std::uint64_t shm_heap_bytes = std::uint64_t{256} << 20;
+  /// Bytes of each direction's RDMA receive ring, and of the writer's
+  /// staging ring that mirrors it (job key transport.rdma_ring_mb); 64 KiB
+  /// to 1 GiB (credits travel as 32-bit immediates), else the rdma backend
+  /// throws config_error naming the key.
+  std::uint64_t rdma_ring_bytes = std::uint64_t{16} << 20;
   /// How long a peer may take to complete the handshake.
   std::chrono::milliseconds handshake_timeout{10000};
 };
 
-/// The backends this build can run, in preference order.
+/// The backends between processes that this build can run, in the order of
+/// choose_backend()'s table ("shm", "rdma" where rdma-core was found,
+/// "tcp"): what an endpoint may start. inproc is not among them: it needs no
+/// endpoint.
 std::vector<std::string> available_backends();
 
-/// Which backend joins `a` and `b`: `forced` when given (config_error when
-/// it cannot), else the first of {shm, rdma, tcp} that both run and that can
-/// connect them.
+/// Which backend joins `a` and `b`, by one fixed table walked in order, the
+/// first whose can_connect() says yes winning (NCCL's transport table):
+///   0. inproc: the same node_rank (one process), always, also when
+///      `forced` names another backend: forcing applies only between nodes;
+///   1. shm: the same host_id, both with a rendezvous socket;
+///   2. rdma: both with an rdma_device;
+///   3. tcp: both with a tcp_port.
+/// Between nodes only rows named in `enabled` count. `forced` ("" or "auto":
+/// none) names the one backend to use between nodes. Throws config_error
+/// (key transport.backend) for an unknown `forced`, for a forced backend
+/// that is not enabled or cannot join the two, and when no row joins them.
+/// Pure: reads only the addresses.
 std::string choose_backend(const endpoint_address& a,
                            const endpoint_address& b,
                            const std::vector<std::string>& enabled,

@@ -77,8 +77,12 @@ inline void copy_in(void* ring, std::uint64_t capacity, std::uint64_t position,
   const auto p = split(position, n, capacity);
   auto* base = static_cast<char*>(ring);
   const auto* from = static_cast<const char*>(src);
-  std::memcpy(base + p.first.offset, from, p.first.bytes);
-  std::memcpy(base, from + p.first.bytes, p.second.bytes);
+  // memcpy wants valid pointers even for 0 bytes (an empty payload's may
+  // be null).
+  if (p.first.bytes != 0)
+    std::memcpy(base + p.first.offset, from, p.first.bytes);
+  if (p.second.bytes != 0)
+    std::memcpy(base, from + p.first.bytes, p.second.bytes);
 }
 
 /// Copies `n` bytes at stream position `position` out of `ring` into `dst`.
@@ -89,8 +93,10 @@ inline void copy_out(const void* ring, std::uint64_t capacity,
   const auto p = split(position, n, capacity);
   const auto* base = static_cast<const char*>(ring);
   auto* to = static_cast<char*>(dst);
-  std::memcpy(to, base + p.first.offset, p.first.bytes);
-  std::memcpy(to + p.first.bytes, base, p.second.bytes);
+  if (p.first.bytes != 0)
+    std::memcpy(to, base + p.first.offset, p.first.bytes);
+  if (p.second.bytes != 0)
+    std::memcpy(to + p.first.bytes, base, p.second.bytes);
 }
 
 /// The writer's side of a ring in the reader's memory that it fills with

@@ -1,6 +1,7 @@
 // DiComm's wire format: the fixed frame header every byte-stream backend
-// (shm, tcp, rdma) sends before each payload. Pure encoding, no I/O, no
-// libtorch. Decoding treats its input as hostile: every field is checked and
+// (shm, tcp, rdma) sends before each payload. Pure encoding, no I/O; of
+// libtorch only the element type (c10::ScalarType) its dtype codes map to.
+// Decoding treats its input as hostile: every field is checked and
 // a bad frame is a transport_error (corrupt_frame, protocol_mismatch), never
 // a crash.
 //
@@ -20,6 +21,8 @@
 // 16-byte placement record follows the header instead:
 //   0  u64 offset              8  u64 bytes (equal to the header's)
 #pragma once
+
+#include <c10/core/ScalarType.h>
 
 #include <array>
 #include <cstddef>
@@ -60,6 +63,15 @@ enum class dtype_code : std::uint8_t {
 
 /// Bytes per element; 0 for an unknown code.
 std::size_t element_size(dtype_code code) noexcept;
+
+/// The wire's code for tensors of element type `type`. Throws
+/// h2::internal_error for a type DiComm does not carry (complex, bool, ...):
+/// H2 only sends the model's own types.
+dtype_code code_of(c10::ScalarType type);
+
+/// The element type of a valid code (decode() checked it). Throws
+/// h2::internal_error for any other.
+c10::ScalarType scalar_type_of(dtype_code code);
 
 struct frame_header {
   frame_kind kind = frame_kind::data;

@@ -1,4 +1,4 @@
-// The emulated chip's own roofline cost function (DESIGN.md): how long a
+// The emulated chip's own roofline cost function (docs/architecture.md): how long a
 // layer-level op takes on a chip of a given profile. Deliberately NOT the
 // planner's cost model (scheduler/): the planner learns chips by profiling
 // them, as it would real ones.

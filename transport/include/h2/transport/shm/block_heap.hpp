@@ -4,14 +4,14 @@
 // any order. First fit from the lowest offset, so a pipeline sending the
 // same few shapes keeps reusing the same (cache-warm, already faulted-in)
 // blocks; adjacent free extents merge. Pure logic, no I/O, no locks: the
-// one writing thread owns it.
+// one writing thread owns it (docs/transport.md, shm).
 #pragma once
 
 #include <cstdint>
 #include <map>
 #include <optional>
 
-namespace h2::transport {
+namespace h2::transport::shm {
 
 class block_heap {
 public:
@@ -57,4 +57,4 @@ private:
   std::map<std::uint64_t, std::uint64_t> used_; ///< offset -> extent bytes
 };
 
-} // namespace h2::transport
+} // namespace h2::transport::shm

@@ -1,11 +1,11 @@
-#include "h2/transport/block_heap.hpp"
+#include "h2/transport/shm/block_heap.hpp"
 
 #include "h2/core/error.hpp"
 
 #include <algorithm>
 #include <iterator>
 
-namespace h2::transport {
+namespace h2::transport::shm {
 
 block_heap::block_heap(std::uint64_t capacity, std::uint64_t alignment)
     : capacity_(capacity), alignment_(alignment), free_bytes_(capacity) {
@@ -87,4 +87,4 @@ std::uint64_t block_heap::largest_free() const noexcept {
   return best;
 }
 
-} // namespace h2::transport
+} // namespace h2::transport::shm

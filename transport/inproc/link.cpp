@@ -1,27 +1,15 @@
-#include "h2/transport/inproc/channel.hpp"
-
-#include "h2/transport/mailbox.hpp"
-
-#include <atomic>
+#include "link.hpp"
 
 namespace h2::transport::inproc {
 
 namespace {
 
-/// What both ends share: each end's mailbox and whether it is closed.
-struct link {
-  mailbox inbox[2];
-  std::atomic<bool> closed[2] = {false, false};
-  std::atomic<std::uint64_t> messages_sent[2] = {0, 0};
-  std::atomic<std::uint64_t> bytes_sent[2] = {0, 0};
-};
-
-class endpoint final : public channel {
+class link_end final : public channel {
 public:
-  endpoint(std::shared_ptr<link> l, int side)
-    : link_(std::move(l)), side_(side) {}
+  link_end(std::shared_ptr<link> l, int side)
+      : link_(std::move(l)), side_(side) {}
 
-  ~endpoint() override { close(); }
+  ~link_end() override { close(); }
 
   void send(message m) override {
     if (link_->closed[side_].load())
@@ -62,9 +50,8 @@ private:
 
 } // namespace
 
-std::pair<std::unique_ptr<channel>, std::unique_ptr<channel>> make_pair() {
-  auto l = std::make_shared<link>();
-  return {std::make_unique<endpoint>(l, 0), std::make_unique<endpoint>(l, 1)};
+std::unique_ptr<channel> make_end(std::shared_ptr<link> l, int side) {
+  return std::make_unique<link_end>(std::move(l), side);
 }
 
 } // namespace h2::transport::inproc

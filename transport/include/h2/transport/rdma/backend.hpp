@@ -1,6 +1,6 @@
 // Backend `rdma`: between nodes that both have an RDMA device (InfiniBand or
 // RoCE, through rdma-core's verbs and rdma_cm; not iWARP, which has no
-// immediate data).
+// immediate data; docs/transport.md, RDMA).
 //
 // Peers meet over a TCP connection of the backend's own (the handshake runs
 // there, as for tcp; endpoint_address::rdma_port is its port, tcp_host its
@@ -44,11 +44,22 @@ struct device_probe {
   std::string why_none;
 };
 
+/// Whether rdma joins `a` and `b`: both found a device. Row 2 of
+/// choose_backend()'s table; pure, so it is compiled (and the table the
+/// same) also where rdma-core is not: no address then names a device.
+inline bool can_connect(const endpoint_address& a,
+                        const endpoint_address& b) noexcept {
+  return !a.rdma_device.empty() && !b.rdma_device.empty();
+}
+
+// Defined only where rdma-core was found (H2_HAS_RDMA).
+
 /// Looks for usable RDMA devices (opens each briefly). Never throws.
 device_probe probe_devices() noexcept;
 
 /// The rdma backend of an endpoint. Each direction's receive ring has
-/// options.shm_ring_bytes bytes (clamped to [64 KiB, 1 GiB]).
+/// options.rdma_ring_bytes bytes; throws config_error
+/// (transport.rdma_ring_mb) unless that is 64 KiB to 1 GiB.
 std::unique_ptr<backend> make_backend(const endpoint_options& options);
 
 } // namespace h2::transport::rdma

@@ -1,0 +1,128 @@
+// What the two roles of a multi-node job say to each other (private to
+// actors/): the node side (node_actor.cpp: joins, builds its chips and
+// channels, follows the coordinator) and the coordinator side
+// (coordinator.cpp, rank 0: admits nodes that prove the job's secret, plans,
+// assigns channels, drives the scheduler actor, watches every node).
+// cluster.cpp runs them from a node's main thread (docs/architecture.md).
+#pragma once
+
+#include "h2/actors/cluster.hpp"
+#include "h2/actors/messages.hpp"
+#include "h2/runtime/links.hpp"
+#include "h2/transport/endpoint.hpp"
+
+#include <caf/actor.hpp>
+#include <caf/actor_system.hpp>
+#include <caf/actor_system_config.hpp>
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+namespace h2::actors {
+
+/// A node asking to join: who it is, where its transport listens, and the
+/// proof that it knows the job's secret (transport::join_proof of the
+/// coordinator's nonce).
+struct node_join {
+  std::int32_t rank = 0;
+  std::string proof;      ///< hex HMAC of the coordinator's nonce
+  std::string job_digest; ///< transport::job_digest of the job file
+  transport::endpoint_address address;
+  std::int32_t pid = 0;
+  std::string hostname;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, node_join& x) {
+  return f(caf::meta::type_name("node_join"), x.rank, x.proof, x.job_digest,
+           x.address, x.pid, x.hostname);
+}
+
+/// What a node runs: the plan and its channels.
+struct node_assignment {
+  std::string plan_json;
+  std::vector<runtime::link_assignment> links;
+  /// The run's clock origin, nanoseconds of the system clock since its
+  /// epoch (every node maps it onto its own steady clock).
+  std::int64_t origin_system_ns = 0;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, node_assignment& x) {
+  return f(caf::meta::type_name("node_assignment"), x.plan_json, x.links,
+           x.origin_system_ns);
+}
+
+/// A node's chip actors, ready.
+struct node_ready {
+  std::int32_t rank = 0;
+  std::vector<chip_id> chips;
+  std::vector<caf::actor> actors;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, node_ready& x) {
+  return f(caf::meta::type_name("node_ready"), x.rank, x.chips, x.actors);
+}
+
+/// How often nodes report that they live, and how long a silent node (or
+/// coordinator) may stay silent before it is declared stalled.
+constexpr std::chrono::seconds heartbeat_interval{1};
+constexpr std::chrono::seconds heartbeat_timeout{5};
+
+/// Registers the cluster's message types (on top of configure_actor_system).
+void register_cluster_types(caf::actor_system_config& cfg);
+
+/// "chips 1:0, 1:1" (or "no chips"): the chips of node `rank`, for messages.
+std::string chips_of(const job_config& job, int rank);
+
+/// What a node's main thread and its actors share.
+struct node_shared {
+  std::shared_ptr<cancellation> cancel;
+  std::unique_ptr<transport::endpoint> endpoint;
+  std::mutex mutex;
+  std::vector<std::shared_ptr<transport::channel>> channels;
+
+  void keep(std::shared_ptr<transport::channel> ch) {
+    std::lock_guard<std::mutex> guard(mutex);
+    channels.push_back(std::move(ch));
+  }
+
+  /// Ends this node's work: waits end, channels close, no more accepts.
+  void close_all() noexcept {
+    cancel->cancel();
+    std::lock_guard<std::mutex> guard(mutex);
+    for (auto& ch : channels)
+      ch->close();
+    if (endpoint)
+      endpoint->stop();
+  }
+};
+
+/// The node side: what the node actor of every rank needs.
+struct node_context {
+  std::shared_ptr<const job_config> job;
+  int rank = 0;
+  std::shared_ptr<node_shared> shared;
+  caf::actor coordinator;
+  caf::actor waiter; ///< the node's main thread
+  runtime::training_observer* observer = nullptr;
+};
+
+/// Spawns the node actor (detached: it blocks while wiring channels). It
+/// answers (assign_atom, node_assignment) with node_ready, takes the
+/// coordinator's heartbeats, summaries, finish and abort, and tells
+/// `ctx.waiter` (done_atom, error, run_summary, parameters) at its end.
+caf::actor spawn_node_actor(caf::actor_system& system, node_context ctx);
+
+/// Spawns the coordinator (rank 0). It answers hello (a nonce) and join
+/// (admission), starts the job once every rank joined, and tells `waiter`
+/// (done_atom, error, run_summary, parameters) at the job's end.
+caf::actor spawn_coordinator(caf::actor_system& system, node_options options,
+                             caf::actor waiter);
+
+} // namespace h2::actors

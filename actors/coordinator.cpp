@@ -1,0 +1,322 @@
+// The coordinator side of a multi-node job (rank 0): admits the nodes that
+// prove the job's secret, plans, assigns every node its chips and channels
+// (runtime::assign_links), drives the scheduler actor over every node's chip
+// actors, watches the nodes (CAF monitors and heartbeats) and ends the job
+// everywhere when one fails.
+#include "cluster_protocol.hpp"
+
+#include "h2/actors/atoms.hpp"
+#include "h2/actors/scheduler_actor.hpp"
+#include "h2/scheduler/plan_builder.hpp"
+#include "h2/transport/handshake.hpp"
+
+#include <caf/event_based_actor.hpp>
+#include <caf/send.hpp>
+#include <caf/stateful_actor.hpp>
+
+#include <map>
+
+namespace h2::actors {
+
+namespace {
+
+/// Passes steps to rank 0's observer and broadcasts them (without their op
+/// records) to the other nodes for their metrics.
+class broadcast_observer final : public runtime::training_observer {
+public:
+  broadcast_observer(runtime::training_observer* local,
+                     std::vector<caf::actor> nodes)
+      : local_(local), nodes_(std::move(nodes)) {}
+
+  void on_setup(const plan& p,
+                const std::vector<runtime::setup_report>& c) override {
+    if (local_ != nullptr)
+      local_->on_setup(p, c);
+  }
+
+  void on_step(const runtime::step_summary& s) override {
+    if (local_ != nullptr)
+      local_->on_step(s);
+    runtime::step_summary slim = s;
+    slim.ops.clear();
+    for (const auto& n : nodes_)
+      caf::anon_send(n, summary_atom::value, slim);
+  }
+
+  void on_eval(int step, double loss) override {
+    if (local_ != nullptr)
+      local_->on_eval(step, loss);
+  }
+
+private:
+  runtime::training_observer* local_;
+  std::vector<caf::actor> nodes_;
+};
+
+struct member {
+  caf::actor node;
+  node_join info;
+  std::chrono::steady_clock::time_point seen;
+};
+
+struct coordinator_state {
+  node_options options;
+  caf::actor waiter;
+  std::map<int, std::string> nonces;
+  std::map<int, member> members;
+  std::shared_ptr<run_context> ctx;
+  std::unique_ptr<broadcast_observer> observer;
+  caf::actor scheduler;
+  bool ended = false;
+  static inline const char* name = "h2.coordinator";
+};
+
+using coordinator_self = caf::stateful_actor<coordinator_state>*;
+
+/// Ends the job everywhere with `code` and `why`.
+void fail_job(coordinator_self self, errc code, const std::string& why) {
+  auto& st = self->state;
+  if (st.ended)
+    return;
+  st.ended = true;
+  for (auto& [rank, m] : st.members)
+    self->send(m.node, abort_atom::value, static_cast<std::uint8_t>(code), why);
+  if (st.scheduler)
+    self->send_exit(st.scheduler, caf::exit_reason::user_shutdown);
+  self->send(st.waiter, done_atom::value, make_error(code, why),
+             runtime::run_summary{}, std::vector<runtime::parameter_values>{});
+  self->quit();
+}
+
+void finish_job(coordinator_self self, const runtime::run_summary& summary,
+                std::vector<runtime::parameter_values> params) {
+  auto& st = self->state;
+  if (st.ended)
+    return;
+  st.ended = true;
+  for (auto& [rank, m] : st.members)
+    self->send(m.node, finish_atom::value);
+  if (st.scheduler)
+    self->send_exit(st.scheduler, caf::exit_reason::user_shutdown);
+  self->send(st.waiter, done_atom::value, caf::error{}, summary,
+             std::move(params));
+  self->quit();
+}
+
+/// Collects replica 0's parameters chip by chip, then finishes.
+void collect_parameters(
+  coordinator_self self, const runtime::run_summary& summary, std::size_t next,
+  std::shared_ptr<std::vector<runtime::parameter_values>> out) {
+  auto& st = self->state;
+  const auto stages = st.ctx->the_plan.replicas.front().stages.size();
+  if (next == stages) {
+    finish_job(self, summary, std::move(*out));
+    return;
+  }
+  self
+    ->request(st.ctx->chips[next], step_timeout(*st.options.job),
+              params_atom::value)
+    .then(
+      [self, summary, next, out](std::vector<runtime::parameter_values>& ps) {
+        out->insert(out->end(), ps.begin(), ps.end());
+        collect_parameters(self, summary, next + 1, out);
+      },
+      [self, next](caf::error& e) {
+        auto& st = self->state;
+        auto f =
+          request_failure(e, *st.options.job,
+                          st.ctx->the_plan.replicas.front().stages[next].chip);
+        fail_job(self, f.code, f.message);
+      });
+}
+
+void train(coordinator_self self) {
+  auto& st = self->state;
+  std::vector<caf::actor> others;
+  for (auto& [rank, m] : st.members)
+    if (rank != 0)
+      others.push_back(m.node);
+  st.observer = std::make_unique<broadcast_observer>(st.options.observer,
+                                                     std::move(others));
+  st.ctx->observer = st.observer.get();
+  st.ctx->stop = st.options.stop;
+  st.scheduler = spawn_scheduler(self->system(), st.ctx);
+  // The whole run has no deadline: each of its requests to a chip has one
+  // (runtime.step_timeout_seconds), and the heartbeats end a run whose node
+  // dies or stalls.
+  self
+    ->request(st.scheduler, caf::infinite, train_atom::value,
+              st.options.run.steps)
+    .then(
+      [self](runtime::run_summary& s) {
+        if (self->state.options.run.collect_parameters)
+          collect_parameters(
+            self, s, 0,
+            std::make_shared<std::vector<runtime::parameter_values>>());
+        else
+          finish_job(self, s, {});
+      },
+      [self](caf::error& e) {
+        auto f = to_failure(e);
+        fail_job(self, f.code, f.message);
+      });
+}
+
+/// Every node joined: plan, assign, wait until every node is ready, train.
+void start_job(coordinator_self self) {
+  auto& st = self->state;
+  const job_config& job = *st.options.job;
+  plan p;
+  try {
+    p = st.options.plan_override ? *st.options.plan_override
+                                 : scheduler::make_plan(job);
+    validate_plan(p, job, "plan");
+  } catch (const std::exception& e) {
+    fail_job(self, errc::bad_config, e.what());
+    return;
+  }
+  const std::string& forced = job.transport.backend;
+  std::map<int, node_assignment> assignments;
+  try {
+    std::map<int, transport::endpoint_address> addresses;
+    for (const auto& [rank, m] : st.members)
+      addresses[rank] = m.info.address;
+    for (auto& [rank, links] : runtime::assign_links(p, addresses, forced)) {
+      if (st.options.log)
+        for (const auto& l : links)
+          if (l.dial) // once per channel between nodes
+            st.options.log("channel " + l.peer.to_string() + " <-> " +
+                           l.local.to_string() + ": " + l.backend +
+                           (forced == "auto" ? "" : " (forced)"));
+      assignments[rank].links = std::move(links);
+    }
+  } catch (const std::exception& e) {
+    fail_job(self, errc::bad_config, e.what());
+    return;
+  }
+  const auto origin = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                        std::chrono::system_clock::now().time_since_epoch())
+                        .count();
+  st.ctx = std::make_shared<run_context>();
+  st.ctx->job = st.options.job;
+  st.ctx->the_plan = p;
+  auto pending = std::make_shared<std::size_t>(st.members.size());
+  auto actors = std::make_shared<std::map<chip_id, caf::actor>>();
+  for (auto& [rank, m] : st.members) {
+    auto& a = assignments[rank];
+    a.plan_json = to_json(p, -1);
+    a.origin_system_ns = origin;
+    self->request(m.node, std::chrono::minutes(5), assign_atom::value, a)
+      .then(
+        [self, pending, actors](node_ready& r) {
+          for (std::size_t i = 0; i < r.chips.size(); ++i)
+            (*actors)[r.chips[i]] = r.actors[i];
+          if (--*pending != 0)
+            return;
+          auto& st = self->state;
+          for (const auto& rep : st.ctx->the_plan.replicas)
+            for (const auto& s : rep.stages)
+              st.ctx->chips.push_back(actors->at(s.chip));
+          train(self);
+        },
+        [self, rank = rank](caf::error& e) {
+          auto f = to_failure(e);
+          fail_job(self, f.code,
+                   "node " + std::to_string(rank) + ": " + f.message);
+        });
+  }
+}
+
+caf::behavior coordinator_actor(coordinator_self self, node_options options,
+                                caf::actor waiter) {
+  self->state.options = std::move(options);
+  self->state.waiter = std::move(waiter);
+  self->set_down_handler([self](caf::down_msg& m) {
+    for (auto& [rank, mem] : self->state.members)
+      if (m.source == mem.node.address()) {
+        fail_job(self, errc::peer_lost,
+                 "node " + std::to_string(rank) + " (" +
+                   chips_of(*self->state.options.job, rank) +
+                   ") is gone: its process ended or its connection broke");
+        return;
+      }
+  });
+  self->delayed_send(self, heartbeat_interval, check_atom::value);
+  return {
+    [self](hello_atom, std::int32_t rank) -> caf::result<std::string> {
+      auto& st = self->state;
+      if (rank < 0 || rank >= st.options.world_size)
+        return make_error(errc::bad_config,
+                          "node rank " + std::to_string(rank) +
+                            " is outside the job's " +
+                            std::to_string(st.options.world_size) + " nodes");
+      if (st.members.count(rank) != 0)
+        return make_error(errc::bad_config,
+                          "node " + std::to_string(rank) + " joined twice");
+      return st.nonces[rank] = transport::make_nonce();
+    },
+    [self](join_atom, const node_join& j,
+           const caf::actor& node) -> caf::result<bool> {
+      auto& st = self->state;
+      auto nonce = st.nonces.find(j.rank);
+      if (nonce == st.nonces.end() ||
+          j.proof !=
+            transport::join_proof(*st.options.secret, nonce->second, j.rank))
+        // Nothing of the job reaches a node that cannot prove the secret.
+        return make_error(errc::unauthorized,
+                          "node " + std::to_string(j.rank) +
+                            " does not know the job's secret");
+      st.nonces.erase(nonce);
+      if (j.job_digest != st.options.job_digest)
+        return make_error(errc::bad_config, "node " + std::to_string(j.rank) +
+                                              " (" + j.hostname +
+                                              ") runs another job file");
+      if (st.ended || st.members.count(j.rank) != 0)
+        return make_error(errc::bad_config,
+                          "node " + std::to_string(j.rank) + " cannot join");
+      self->monitor(node);
+      st.members[j.rank] = {node, j, std::chrono::steady_clock::now()};
+      if (static_cast<int>(st.members.size()) == st.options.world_size)
+        start_job(self);
+      return true;
+    },
+    [self](heartbeat_atom, std::int32_t rank) {
+      auto m = self->state.members.find(rank);
+      if (m != self->state.members.end())
+        m->second.seen = std::chrono::steady_clock::now();
+    },
+    [self](stop_atom) {
+      if (self->state.options.stop)
+        self->state.options.stop->store(
+          std::max(1, self->state.options.stop->load()));
+    },
+    [self](check_atom) {
+      auto& st = self->state;
+      if (st.ended)
+        return;
+      auto now = std::chrono::steady_clock::now();
+      for (auto& [rank, m] : st.members)
+        if (rank != 0)
+          self->send(m.node, heartbeat_atom::value, std::int32_t{0});
+      for (auto& [rank, m] : st.members)
+        if (now - m.seen > heartbeat_timeout) {
+          fail_job(self, errc::peer_lost,
+                   "node " + std::to_string(rank) + " (" +
+                     chips_of(*st.options.job, rank) +
+                     ") stalled: no heartbeat for " +
+                     std::to_string(heartbeat_timeout.count()) + " s");
+          return;
+        }
+      self->delayed_send(self, heartbeat_interval, check_atom::value);
+    },
+  };
+}
+
+} // namespace
+
+caf::actor spawn_coordinator(caf::actor_system& system, node_options options,
+                             caf::actor waiter) {
+  return system.spawn(coordinator_actor, std::move(options), std::move(waiter));
+}
+
+} // namespace h2::actors

@@ -1,0 +1,137 @@
+// The node side of a multi-node job (every rank, rank 0 included): builds
+// this node's chips and channels from the coordinator's assignment, follows
+// its heartbeats, and ends the node when the coordinator finishes, aborts,
+// dies or stalls.
+#include "cluster_protocol.hpp"
+
+#include "h2/actors/atoms.hpp"
+#include "h2/actors/chip_actor.hpp"
+
+#include <caf/event_based_actor.hpp>
+#include <caf/stateful_actor.hpp>
+
+namespace h2::actors {
+
+namespace {
+
+/// Opens this node's channels and spawns its chip actors.
+node_ready build_node(caf::event_based_actor* self, const node_context& ctx,
+                      const node_assignment& a, std::vector<caf::actor>& out) {
+  const job_config& job = *ctx.job;
+  plan p = plan_from_json(a.plan_json, "the coordinator's plan");
+  validate_plan(p, job, "the coordinator's plan");
+  // The run's origin on this node's steady clock.
+  auto since = std::chrono::system_clock::now().time_since_epoch() -
+               std::chrono::nanoseconds(a.origin_system_ns);
+  auto origin =
+    devices::chip_clock::wall_clock::now() -
+    std::chrono::duration_cast<devices::chip_clock::wall_clock::duration>(
+      since);
+  std::vector<runtime::worker_setup> mine;
+  for (auto& w :
+       runtime::make_worker_setups(ctx.job, p, origin, ctx.shared->cancel))
+    if (w.assignment.chip.node == ctx.rank)
+      mine.push_back(std::move(w));
+  runtime::wire_channels(mine, a.links, job, ctx.shared->endpoint.get(),
+                         std::chrono::steady_clock::now() +
+                           std::chrono::seconds(60),
+                         [&](const std::shared_ptr<transport::channel>& ch) {
+                           ctx.shared->keep(ch);
+                         });
+  node_ready ready;
+  ready.rank = ctx.rank;
+  for (auto& w : mine) {
+    ready.chips.push_back(w.assignment.chip);
+    auto chip = self->system().spawn<caf::detached>(chip_actor, std::move(w));
+    ready.actors.push_back(chip);
+    out.push_back(chip);
+  }
+  return ready;
+}
+
+struct node_state {
+  node_context ctx;
+  std::vector<caf::actor> chips;
+  bool done = false;
+  /// When the coordinator last showed it lives (its heartbeats).
+  std::chrono::steady_clock::time_point coordinator_seen =
+    std::chrono::steady_clock::now();
+  static inline const char* name = "h2.node";
+};
+
+using node_self = caf::stateful_actor<node_state>*;
+
+/// Ends the node: stops its chips, tells the main thread `err` (none: a
+/// clean end), quits.
+void end_node(node_self self, const caf::error& err) {
+  auto& st = self->state;
+  if (st.done)
+    return;
+  st.done = true;
+  if (err)
+    st.ctx.shared->close_all();
+  for (auto& chip : st.chips)
+    self->send_exit(chip, caf::exit_reason::user_shutdown);
+  st.chips.clear();
+  self->send(st.ctx.waiter, done_atom::value, err, runtime::run_summary{},
+             std::vector<runtime::parameter_values>{});
+  self->quit();
+}
+
+caf::behavior node_actor(node_self self, node_context ctx) {
+  self->state.ctx = std::move(ctx);
+  self->set_down_handler([self](caf::down_msg& m) {
+    if (m.source == self->state.ctx.coordinator.address())
+      end_node(self, make_error(errc::peer_lost,
+                                "lost the coordinator (node 0): its process "
+                                "ended or its connection broke"));
+  });
+  return {
+    [self](assign_atom, const node_assignment& a) -> caf::result<node_ready> {
+      self->monitor(self->state.ctx.coordinator);
+      if (self->state.ctx.rank != 0) {
+        self->state.coordinator_seen = std::chrono::steady_clock::now();
+        self->delayed_send(self, heartbeat_interval, check_atom::value);
+      }
+      try {
+        return build_node(self, self->state.ctx, a, self->state.chips);
+      } catch (...) {
+        self->state.ctx.shared->close_all();
+        return current_exception_error();
+      }
+    },
+    [self](heartbeat_atom, std::int32_t) {
+      self->state.coordinator_seen = std::chrono::steady_clock::now();
+    },
+    [self](check_atom) {
+      if (self->state.done)
+        return;
+      if (std::chrono::steady_clock::now() - self->state.coordinator_seen >
+          heartbeat_timeout) {
+        end_node(self, make_error(errc::peer_lost,
+                                  "the coordinator (node 0, " +
+                                    chips_of(*self->state.ctx.job, 0) +
+                                    ") stalled: no heartbeat for " +
+                                    std::to_string(heartbeat_timeout.count()) +
+                                    " s"));
+        return;
+      }
+      self->delayed_send(self, heartbeat_interval, check_atom::value);
+    },
+    [self](summary_atom, const runtime::step_summary& s) {
+      if (self->state.ctx.observer != nullptr)
+        self->state.ctx.observer->on_step(s);
+    },
+    [self](finish_atom) { end_node(self, caf::error{}); },
+    [self](abort_atom, std::uint8_t code, const std::string& why) {
+      end_node(self, make_error(static_cast<errc>(code), why));
+    },
+  };
+}
+} // namespace
+
+caf::actor spawn_node_actor(caf::actor_system& system, node_context ctx) {
+  return system.spawn<caf::detached>(node_actor, std::move(ctx));
+}
+
+} // namespace h2::actors

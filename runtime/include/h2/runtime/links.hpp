@@ -1,0 +1,61 @@
+// The channels of a plan: which backend joins each pair of chips that
+// exchange tensors (a pure decision, assign_links), and opening them for one
+// process's chips (wire_channels). The in-process job and the multi-node job
+// both wire their chips through these two functions.
+#pragma once
+
+#include "h2/core/chip_id.hpp"
+#include "h2/core/job.hpp"
+#include "h2/core/plan.hpp"
+#include "h2/runtime/stage_worker.hpp"
+#include "h2/transport/endpoint.hpp"
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace h2::runtime {
+
+/// One channel a process opens: to `peer` from its chip `local`.
+struct link_assignment {
+  std::uint64_t id = 0; ///< the channel's id, the same on both ends
+  chip_id local;
+  chip_id peer;
+  /// Where `peer`'s process listens (the dialing end's target).
+  transport::endpoint_address peer_address;
+  bool dial = false;   ///< dial (else accept; inproc: both ends are here)
+  std::string backend; ///< transport::choose_backend's answer
+};
+
+/// Every process's channels for `p`, keyed by node rank. `addresses` maps
+/// each node rank of the plan's chips (chip_id::node) to the address of the
+/// process that runs them; chips whose processes share a node rank are
+/// joined in-process (one assignment, on that process, holds both ends).
+/// Between processes the backend is transport::choose_backend(`forced`)
+/// over available_backends(); the lower chip of a pair accepts, the higher
+/// dials it. Throws config_error when a node has no address or `forced`
+/// cannot join two processes.
+std::map<int, std::vector<link_assignment>>
+assign_links(const plan& p,
+             const std::map<int, transport::endpoint_address>& addresses,
+             std::string_view forced);
+
+/// Opens `links` (one process's, from assign_links) and attaches each
+/// channel to its chip's set-up in `setups` (with the peer's profile, for
+/// link times): in-process pairs first, then dials, then accepts, so that
+/// two processes wiring each other never wait on one another. `endpoint`
+/// may be null when every link is in-process. `keep` sees every channel
+/// opened (so the caller can close them on abort). Throws transport_error
+/// (timeout past `until`, handshake failures) or internal_error when a link
+/// names a chip without a set-up here.
+void wire_channels(
+  std::vector<worker_setup>& setups, const std::vector<link_assignment>& links,
+  const job_config& job, transport::endpoint* endpoint,
+  transport::deadline until,
+  const std::function<void(const std::shared_ptr<transport::channel>&)>& keep);
+
+} // namespace h2::runtime

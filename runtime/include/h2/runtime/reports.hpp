@@ -1,0 +1,135 @@
+// What a chip is told to do in a step and what it reports back: plain
+// structs, no actors. The actors carry them in messages (their CAF inspect
+// overloads live in actors/messages.hpp), tests and tools use them directly.
+#pragma once
+
+#include "h2/core/chip_id.hpp"
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace h2::runtime {
+
+/// What a timed op of a chip was: the schedule's compute and receive ops
+/// (sends are not timed), and the ops outside a schedule's op list.
+enum class recorded_op : std::uint8_t {
+  recv_forward,  ///< waiting for a micro-batch's activations
+  forward,       ///< forward of a micro-batch
+  recv_backward, ///< waiting for a micro-batch's gradients
+  backward,      ///< backward of a micro-batch
+  optimizer,     ///< the AdamW update of the stage
+  allreduce,     ///< summing gradients with the other replicas
+};
+
+/// "recv_forward", "forward", ..., "optimizer", "allreduce".
+std::string_view to_string(recorded_op op) noexcept;
+
+/// One timed op of a chip, for traces. Times are seconds in the run's clock
+/// (virtual or wall, as the job's emulation.clock says).
+struct op_record {
+  recorded_op kind = recorded_op::forward;
+  std::int32_t micro_batch = 0;
+  double start = 0;
+  double end = 0;
+  /// The op's time on the virtual clock: emulated (or measured on real
+  /// devices) for compute ops, the idle jump for receives.
+  double virtual_seconds = 0;
+};
+
+/// Times of a chip on both clocks, seconds since the run's origin.
+struct clock_pair {
+  double virtual_seconds = 0;
+  double wall_seconds = 0;
+};
+
+/// Memory of a chip, bytes.
+struct memory_report {
+  std::uint64_t used = 0;
+  std::uint64_t peak = 0; ///< since the start of the step
+  std::uint64_t capacity = 0;
+};
+
+/// Bytes a chip exchanged with one neighbour.
+struct channel_traffic {
+  chip_id peer;
+  std::uint64_t sent = 0;
+  std::uint64_t received = 0;
+};
+
+/// A chip is ready: its stage is built.
+struct setup_report {
+  chip_id chip;
+  std::int64_t parameters = 0;
+  memory_report memory;
+};
+
+/// Starts the forward/backward phase of a step on every chip.
+struct step_command {
+  std::int32_t step = 0;
+  /// Virtual time all chips start from (the previous step's end).
+  double virtual_barrier = 0;
+};
+
+/// What a chip did in the forward/backward phase of a step.
+struct chip_step_report {
+  chip_id chip;
+  std::int32_t replica = 0;
+  std::int32_t stage = 0;
+  std::int32_t first_layer = 0;
+  /// Squared gradient norm of each of the stage's layers, in layer order.
+  std::vector<double> layer_squared_norms;
+  /// Sum of the scaled micro-batch losses (last stage only): this replica's
+  /// share of the step's mean token loss.
+  double loss = 0;
+  clock_pair start;
+  clock_pair phase_end; ///< after the stage's last backward
+  double forward_seconds = 0;
+  double backward_seconds = 0;
+  double idle_seconds = 0; ///< waiting for neighbours
+  memory_report memory;
+  std::vector<channel_traffic> traffic; ///< this step, per neighbour
+  std::uint64_t overruns = 0; ///< wall clock: ops slower than emulated
+  double overrun_seconds = 0;
+  std::vector<op_record> ops;
+};
+
+/// The optimizer phase of a step.
+struct update_command {
+  std::int32_t step = 0;
+  double lr = 0;
+  double clip_coefficient = 1;
+  /// Virtual time of the global gradient-norm reduction: every chip waits
+  /// for the slowest before updating.
+  double virtual_barrier = 0;
+};
+
+struct chip_update_report {
+  chip_id chip;
+  double optimizer_seconds = 0;
+  clock_pair end;
+  memory_report memory;
+  op_record op;
+};
+
+/// A validation pass over train.eval_batches global batches.
+struct eval_command {
+  std::int32_t step = 0; ///< the training step it follows (for the tags)
+  double virtual_barrier = 0;
+};
+
+struct chip_eval_report {
+  chip_id chip;
+  double loss = 0; ///< last stage: this replica's share of the mean loss
+  clock_pair end;
+};
+
+/// The values of one parameter (fp32 master weights), for tests and tools.
+struct parameter_values {
+  std::string name; ///< "block3.attn.qkv.weight"
+  std::vector<std::int64_t> shape;
+  std::vector<float> values;
+};
+
+} // namespace h2::runtime

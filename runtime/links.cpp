@@ -1,0 +1,83 @@
+#include "h2/runtime/links.hpp"
+
+#include "h2/core/error.hpp"
+#include "h2/transport/inproc/backend.hpp"
+
+namespace h2::runtime {
+
+std::map<int, std::vector<link_assignment>>
+assign_links(const plan& p,
+             const std::map<int, transport::endpoint_address>& addresses,
+             std::string_view forced) {
+  auto address_of =
+    [&](const chip_id& c) -> const transport::endpoint_address& {
+    auto a = addresses.find(c.node);
+    if (a == addresses.end())
+      throw config_error("", "chip " + c.to_string() + ": node " +
+                               std::to_string(c.node) +
+                               " has no process in this job");
+    return a->second;
+  };
+  const auto available = transport::available_backends();
+  std::map<int, std::vector<link_assignment>> out;
+  std::uint64_t id = 0;
+  for (const auto& l : plan_links(p)) {
+    ++id;
+    const auto& aa = address_of(l.a);
+    const auto& ab = address_of(l.b);
+    auto backend = transport::choose_backend(aa, ab, available, forced);
+    if (aa.node_rank == ab.node_rank) {
+      out[aa.node_rank].push_back({id, l.a, l.b, aa, false, backend});
+      continue;
+    }
+    out[aa.node_rank].push_back({id, l.a, l.b, ab, false, backend});
+    out[ab.node_rank].push_back({id, l.b, l.a, aa, true, backend});
+  }
+  return out;
+}
+
+void wire_channels(
+  std::vector<worker_setup>& setups, const std::vector<link_assignment>& links,
+  const job_config& job, transport::endpoint* endpoint,
+  transport::deadline until,
+  const std::function<void(const std::shared_ptr<transport::channel>&)>& keep) {
+  auto attach = [&](const chip_id& local, const chip_id& peer,
+                    std::shared_ptr<transport::channel> ch) {
+    worker_setup* setup = nullptr;
+    for (auto& w : setups)
+      if (w.assignment.chip == local)
+        setup = &w;
+    if (setup == nullptr || setup->peers.count(peer) == 0)
+      throw internal_error("no chip " + local.to_string() + " with a peer " +
+                           peer.to_string() + " here");
+    auto& link = setup->peers.at(peer);
+    link.channel = ch;
+    link.profile = job.find_chip(peer)->profile;
+    if (keep)
+      keep(link.channel);
+  };
+  auto need_endpoint = [&](const link_assignment& l) -> transport::endpoint& {
+    if (endpoint == nullptr)
+      throw internal_error("channel " + l.local.to_string() + " <-> " +
+                           l.peer.to_string() + " over " + l.backend +
+                           " needs an endpoint");
+    return *endpoint;
+  };
+  for (const auto& l : links)
+    if (l.backend == "inproc") {
+      auto [x, y] = transport::inproc::make_pair();
+      attach(l.local, l.peer, std::move(x));
+      attach(l.peer, l.local, std::move(y));
+    }
+  // Dials before accepts: an accept only picks up a connection that the
+  // endpoint's listeners took in the meantime.
+  for (const auto& l : links)
+    if (l.backend != "inproc" && l.dial)
+      attach(l.local, l.peer,
+             need_endpoint(l).dial(l.peer_address, l.id, l.backend, until));
+  for (const auto& l : links)
+    if (l.backend != "inproc" && !l.dial)
+      attach(l.local, l.peer, need_endpoint(l).accept(l.id, until));
+}
+
+} // namespace h2::runtime

@@ -1,0 +1,124 @@
+// assign_links: which backend joins each pair of chips of a plan, which end
+// dials, and that both ends of a channel agree on its id.
+#include "h2/core/error.hpp"
+#include "h2/runtime/links.hpp"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <set>
+
+namespace h2::runtime {
+namespace {
+
+stage_plan on(int node, int index, int first, int end) {
+  return {chip_id{node, index}, first, end, false};
+}
+
+/// Two replicas over chips of three nodes: pipeline links 0:0-0:1 (one
+/// node) and 1:0-2:0 (two nodes), ring links 0:0-1:0 and 0:1-2:0.
+plan three_node_plan() {
+  plan p;
+  p.replicas.push_back({{on(0, 0, 0, 3), on(0, 1, 3, 6)}, 1, 2});
+  p.replicas.push_back({{on(1, 0, 0, 3), on(2, 0, 3, 6)}, 1, 2});
+  return p;
+}
+
+/// Where nodes 0 and 1 (host "host-a") and node 2 ("host-b") listen.
+std::map<int, transport::endpoint_address> two_hosts() {
+  std::map<int, transport::endpoint_address> out;
+  for (int rank : {0, 1, 2})
+    out[rank] = {.node_rank = rank,
+                 .host_id = rank < 2 ? "host-a" : "host-b",
+                 .tcp_host = "127.0.0.1",
+                 .tcp_port = static_cast<std::uint16_t>(7000 + rank),
+                 .shm_socket = "h2-test-" + std::to_string(rank),
+                 .rdma_device = "", // no RDMA device: never rdma
+                 .rdma_port = 0};
+  return out;
+}
+
+const link_assignment* find(const std::vector<link_assignment>& links,
+                            chip_id local, chip_id peer) {
+  auto i = std::find_if(links.begin(), links.end(), [&](const auto& l) {
+    return l.local == local && l.peer == peer;
+  });
+  return i == links.end() ? nullptr : &*i;
+}
+
+TEST(runtime_links, backends_follow_the_table_and_one_end_dials) {
+  auto links = assign_links(three_node_plan(), two_hosts(), "auto");
+
+  // Within node 0: one in-process assignment holding both ends.
+  const auto* inproc = find(links[0], {0, 0}, {0, 1});
+  ASSERT_NE(inproc, nullptr);
+  EXPECT_EQ(inproc->backend, "inproc");
+  EXPECT_EQ(find(links[0], {0, 1}, {0, 0}), nullptr);
+
+  // Between nodes on one host: shared memory; the lower chip accepts.
+  const auto* a = find(links[0], {0, 0}, {1, 0});
+  const auto* b = find(links[1], {1, 0}, {0, 0});
+  ASSERT_NE(a, nullptr);
+  ASSERT_NE(b, nullptr);
+  EXPECT_EQ(a->backend, "shm");
+  EXPECT_EQ(b->backend, "shm");
+  EXPECT_FALSE(a->dial);
+  EXPECT_TRUE(b->dial);
+  EXPECT_EQ(a->id, b->id);
+  EXPECT_EQ(b->peer_address.node_rank, 0); // the dialer's target
+  EXPECT_EQ(a->peer_address.node_rank, 1);
+
+  // Between hosts without RDMA devices: tcp.
+  const auto* c = find(links[1], {1, 0}, {2, 0});
+  const auto* d = find(links[2], {2, 0}, {1, 0});
+  ASSERT_NE(c, nullptr);
+  ASSERT_NE(d, nullptr);
+  EXPECT_EQ(c->backend, "tcp");
+  EXPECT_TRUE(d->dial);
+  EXPECT_EQ(c->id, d->id);
+
+  // Every channel has its own id.
+  std::set<std::uint64_t> ids;
+  std::size_t ends = 0;
+  for (const auto& [rank, ls] : links)
+    for (const auto& l : ls) {
+      ids.insert(l.id);
+      ++ends;
+    }
+  EXPECT_EQ(ids.size(), plan_links(three_node_plan()).size());
+  EXPECT_EQ(ends, 2 * ids.size() - 1); // the in-process one is listed once
+}
+
+TEST(runtime_links, a_forced_backend_applies_between_nodes_only) {
+  const auto addresses = two_hosts();
+  auto links = assign_links(three_node_plan(), addresses, "tcp");
+  EXPECT_EQ(find(links[0], {0, 0}, {0, 1})->backend, "inproc");
+  EXPECT_EQ(find(links[0], {0, 0}, {1, 0})->backend, "tcp");
+  EXPECT_EQ(find(links[1], {1, 0}, {2, 0})->backend, "tcp");
+  // shm cannot join two hosts.
+  EXPECT_THROW(assign_links(three_node_plan(), addresses, "shm"), config_error);
+}
+
+TEST(runtime_links, one_process_joins_every_pair_in_process) {
+  // The in-process job: every node rank maps to process 0.
+  std::map<int, transport::endpoint_address> here{{0, {}}, {1, {}}, {2, {}}};
+  auto links = assign_links(three_node_plan(), here, "");
+  ASSERT_EQ(links.size(), 1u);
+  EXPECT_EQ(links[0].size(), plan_links(three_node_plan()).size());
+  for (const auto& l : links[0])
+    EXPECT_EQ(l.backend, "inproc");
+}
+
+TEST(runtime_links, a_node_without_a_process_is_named) {
+  auto addresses = two_hosts();
+  addresses.erase(2);
+  try {
+    assign_links(three_node_plan(), addresses, "auto");
+    FAIL() << "expected a config_error";
+  } catch (const config_error& e) {
+    EXPECT_NE(std::string(e.what()).find("2:0"), std::string::npos) << e.what();
+  }
+}
+
+} // namespace
+} // namespace h2::runtime

@@ -1,0 +1,297 @@
+#include "link.hpp"
+
+#include "h2/core/error.hpp"
+#include "h2/transport/ring.hpp"
+#include "h2/transport/spin.hpp"
+
+#include <algorithm>
+#include <cstring>
+#include <mutex>
+
+namespace h2::transport::shm {
+
+namespace {
+
+/// How long the writer spins before it sleeps for room.
+constexpr std::chrono::microseconds spin_wanted{50};
+/// The longest a writer waits for the reader to free a heap block it has
+/// used before rather than take fresh memory (shm_link::allocate_block).
+constexpr std::chrono::milliseconds free_wait{2};
+
+} // namespace
+
+// Spins for `spin`, then sleeps on `seq`, counted in `waiting` so that
+// the other side wakes it, until `ready()` or until `seq` moves from
+// `seen`; checks this end's shutdown, the peer's liveness and `until`
+// meanwhile.
+template <class Ready>
+void shm_link::wait(Ready&& ready, std::atomic<std::uint32_t>& seq,
+          std::atomic<std::uint32_t>& waiting, std::uint32_t seen,
+          std::optional<deadline> until, std::chrono::nanoseconds spin) {
+  auto woken = [&] {
+    return seq.load(std::memory_order_seq_cst) != seen;
+  };
+  if (spin_until([&] { return check_shut(), ready() || woken(); }, spin))
+    return;
+  counted_sleeper counted(waiting);
+  for (;;) {
+    check_shut();
+    if (ready() || woken())
+      return;
+    auto slice = liveness_interval;
+    if (until) {
+      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        *until - std::chrono::steady_clock::now());
+      if (left.count() <= 0)
+        throw transport_error(transport_errc::timeout,
+                              "shm peer sent nothing in time");
+      slice = std::min(slice, left);
+    }
+    futex_wait(&seq, seen, slice);
+    check_shut();
+    if (ready() || woken())
+      return;
+    if (socket_->peer_gone())
+      throw transport_error(transport_errc::peer_closed,
+                            "shm peer process is gone");
+  }
+}
+
+
+shm_link::shm_link(std::shared_ptr<segment> seg, bool acceptor,
+         std::unique_ptr<socket_link> socket)
+    : segment_(std::move(seg)),
+      socket_(std::move(socket)),
+      sizes_(static_cast<segment_header*>(segment_->map)->sizes),
+      heap_(sizes_.heap_bytes, block_alignment) {
+  auto* h = static_cast<segment_header*>(segment_->map);
+  const int out = acceptor ? 0 : 1, in = 1 - out;
+  out_ = &h->rings[out];
+  in_ = &h->rings[in];
+  out_data_ = segment_->at(sizes_.ring_at(out));
+  in_data_ = segment_->at(sizes_.ring_at(in));
+  out_heap_ = segment_->at(sizes_.heap_at(out));
+  in_heap_ = segment_->at(sizes_.heap_at(in));
+  out_free_ =
+    reinterpret_cast<std::uint64_t*>(segment_->at(sizes_.free_queue_at(out)));
+  in_free_ =
+    reinterpret_cast<std::uint64_t*>(segment_->at(sizes_.free_queue_at(in)));
+}
+
+shm_link::~shm_link() {
+  shutdown();
+}
+
+void shm_link::write(std::initializer_list<buffer_view> parts) {
+  const std::uint64_t capacity = sizes_.ring_bytes;
+  for (const auto& part : parts) {
+    const char* p = static_cast<const char*>(part.data);
+    std::size_t left = part.size;
+    while (left > 0) {
+      std::uint64_t head = out_->head.load(std::memory_order_relaxed);
+      std::uint64_t free_bytes = 0;
+      auto has_room = [&] {
+        if (out_->reader_closed.load(std::memory_order_acquire) != 0)
+          throw transport_error(transport_errc::peer_closed,
+                                "shm peer " + peer() + " closed the channel");
+        std::uint64_t tail = out_->tail.load(std::memory_order_acquire);
+        if (!ring::consistent(head, tail, capacity))
+          throw transport_error(transport_errc::corrupt_frame,
+                                "corrupt frame: the shm peer moved its "
+                                "ring's tail past the data");
+        free_bytes = ring::free_space(head, tail, capacity);
+        return free_bytes > 0;
+      };
+      while (!has_room()) {
+        // Nobody may be reading (receives read for themselves): have the
+        // peer's drain thread make room.
+        signal(out_->drain_seq);
+        wait(has_room, out_->space_seq, out_->writer_waiting,
+             out_->space_seq.load(std::memory_order_seq_cst), std::nullopt,
+             spin_budget(spin_wanted));
+      }
+      std::size_t n = std::min<std::uint64_t>(free_bytes, left);
+      ring::copy_in(out_data_, capacity, head, p, n);
+      out_->head.store(head + n, std::memory_order_seq_cst);
+      if (out_->readers_waiting.load(std::memory_order_seq_cst) != 0)
+        signal(out_->data_seq);
+      p += n;
+      left -= n;
+    }
+  }
+}
+
+std::optional<wire::placement> shm_link::place(buffer_view payload) {
+  if (payload.size < min_placed_bytes || payload.size > heap_.capacity())
+    return std::nullopt;
+  auto at = allocate_block(payload.size);
+  if (!at)
+    return std::nullopt; // no room: it streams through the ring
+  std::memcpy(out_heap_ + *at, payload.data, payload.size);
+  return wire::placement{*at, payload.size};
+}
+
+byte_link::adopted_payload shm_link::adopt(const wire::placement& p) {
+  const std::uint64_t heap = sizes_.heap_bytes;
+  if (p.bytes == 0 || p.offset % block_alignment != 0 || p.offset >= heap ||
+      p.bytes > heap - p.offset)
+    throw transport_error(transport_errc::corrupt_frame,
+                          "corrupt frame: the shm peer placed " +
+                            std::to_string(p.bytes) + " bytes at offset " +
+                            std::to_string(p.offset) + " of a heap of " +
+                            std::to_string(heap) + " bytes");
+  return {in_heap_ + p.offset,
+          [seg = segment_, in = in_, queue = in_free_,
+           slots = sizes_.free_slots(), offset = p.offset] {
+            std::lock_guard<std::mutex> guard(seg->free_mutex);
+            auto head = in->freed_head.load(std::memory_order_relaxed);
+            auto tail = in->freed_tail.load(std::memory_order_acquire);
+            // Only a writer that placed more blocks than its heap holds
+            // fills the queue: that block stays lost to it.
+            if (head - tail >= slots)
+              return;
+            queue[head % slots] = offset;
+            in->freed_head.store(head + 1, std::memory_order_seq_cst);
+            if (in->writer_waiting.load(std::memory_order_seq_cst) != 0)
+              signal(in->space_seq);
+          }};
+}
+
+std::size_t shm_link::read_some(void* data, std::size_t size) {
+  check_shut();
+  const std::uint64_t capacity = sizes_.ring_bytes;
+  std::uint64_t tail = in_->tail.load(std::memory_order_relaxed);
+  std::uint64_t head = in_->head.load(std::memory_order_acquire);
+  if (head == tail) {
+    if (in_->writer_closed.load(std::memory_order_acquire) == 0)
+      return 0;
+    // Closed: what it wrote before it closed is delivered first.
+    head = in_->head.load(std::memory_order_acquire);
+    if (head == tail)
+      throw transport_error(transport_errc::peer_closed,
+                            "shm peer " + peer() + " closed the channel");
+  }
+  if (!ring::consistent(head, tail, capacity))
+    throw transport_error(transport_errc::corrupt_frame,
+                          "corrupt frame: the shm peer moved its ring's "
+                          "head past the ring");
+  std::size_t n = std::min<std::uint64_t>(head - tail, size);
+  ring::copy_out(in_data_, capacity, tail, data, n);
+  in_->tail.store(tail + n, std::memory_order_seq_cst);
+  if (in_->writer_waiting.load(std::memory_order_seq_cst) != 0)
+    signal(in_->space_seq);
+  return n;
+}
+
+std::uint32_t shm_link::wake_count() const noexcept {
+  return in_->data_seq.load(std::memory_order_seq_cst);
+}
+
+void shm_link::wait_readable(std::uint32_t seen, deadline until) {
+  wait([&] { return readable(); }, in_->data_seq, in_->readers_waiting, seen,
+       until, std::chrono::nanoseconds(0));
+}
+
+void shm_link::nudge() noexcept {
+  // As the writer does: a system call only for a sleeper (counted before
+  // its last look at the sequence).
+  in_->data_seq.fetch_add(1, std::memory_order_seq_cst);
+  if (in_->readers_waiting.load(std::memory_order_seq_cst) != 0)
+    futex_wake(&in_->data_seq);
+}
+
+void shm_link::wait_drain(std::uint32_t) {
+  // Sleeps on drain_seq, not on the data: a receive taking over the ring
+  // needs no nudge to this wait (docs/transport.md, Receiving).
+  const std::uint32_t seen = in_->drain_seq.load(std::memory_order_seq_cst);
+  check_shut();
+  futex_wait(&in_->drain_seq, seen, liveness_interval);
+  check_shut();
+  if (!readable() && socket_->peer_gone())
+    throw transport_error(transport_errc::peer_closed,
+                          "shm peer process is gone");
+}
+
+void shm_link::shutdown() noexcept {
+  if (shut_.exchange(true))
+    return;
+  out_->writer_closed.store(1, std::memory_order_seq_cst);
+  in_->reader_closed.store(1, std::memory_order_seq_cst);
+  for (auto* r : {out_, in_})
+    for (auto* w : {&r->data_seq, &r->space_seq, &r->drain_seq})
+      signal(*w);
+  socket_->shutdown();
+}
+
+bool shm_link::readable() const noexcept {
+  return in_->head.load(std::memory_order_acquire) !=
+           in_->tail.load(std::memory_order_relaxed) ||
+         in_->writer_closed.load(std::memory_order_acquire) != 0;
+}
+
+// Memory the heap used before is preferred while the reader is freeing
+// blocks: a fresh page costs a fault per 4 KiB (10-17 us each on the VMs
+// measured, 3-4 ms per MiB, twenty times the copy) and a streamed payload a
+// second copy, so a writer that ran ahead waits up to free_wait for the
+// reader to return a block first. A reader that keeps its tensors (a
+// pipeline stage holding activations) stops the waiting until it frees one
+// again.
+std::optional<std::uint64_t> shm_link::allocate_block(std::uint64_t bytes) {
+  take_freed_blocks();
+  std::optional<std::chrono::steady_clock::time_point> until;
+  for (;;) {
+    auto at = heap_.where(bytes);
+    const bool warm = at && *at + bytes <= heap_.high_water();
+    if (warm || heap_.blocks() == 0 || reader_holds_)
+      return heap_.allocate(bytes);
+    if (!until) // only a wait reads the clock
+      until = std::chrono::steady_clock::now() + free_wait;
+    if (!wait_for_free(*until)) {
+      reader_holds_ = true;
+      return heap_.allocate(bytes);
+    }
+    take_freed_blocks();
+  }
+}
+
+bool shm_link::wait_for_free(std::chrono::steady_clock::time_point until) {
+  auto arrived = [&] {
+    return out_->freed_head.load(std::memory_order_seq_cst) !=
+           out_->freed_tail.load(std::memory_order_relaxed);
+  };
+  if (spin_until(arrived, spin_budget(spin_wanted)))
+    return true;
+  counted_sleeper counted(out_->writer_waiting);
+  for (;;) {
+    const std::uint32_t seen =
+      out_->space_seq.load(std::memory_order_seq_cst);
+    check_shut();
+    if (arrived())
+      return true;
+    const auto left = until - std::chrono::steady_clock::now();
+    if (left <= std::chrono::nanoseconds(0))
+      return false;
+    futex_wait(&out_->space_seq, seen, left);
+  }
+}
+
+// A bad offset from the reader is ignored: it can only waste its own heap.
+void shm_link::take_freed_blocks() noexcept {
+  const std::uint64_t slots = sizes_.free_slots();
+  std::uint64_t head = out_->freed_head.load(std::memory_order_acquire);
+  std::uint64_t tail = out_->freed_tail.load(std::memory_order_relaxed);
+  if (head - tail > slots) // a corrupt reader: skip what it claims
+    tail = head;
+  if (tail != head)
+    reader_holds_ = false;
+  for (; tail != head; ++tail)
+    (void)heap_.release(out_free_[tail % slots]);
+  out_->freed_tail.store(tail, std::memory_order_release);
+}
+
+void shm_link::check_shut() const {
+  if (shut_.load(std::memory_order_relaxed))
+    throw transport_error(transport_errc::cancelled, "shm link was closed");
+}
+
+} // namespace h2::transport::shm
