@@ -2,10 +2,10 @@
 
 #include "h2/apps/app.hpp"
 #include "h2/runtime/auto_plan.hpp"
+#include "h2/runtime/safetensors.hpp"
 #include "h2/core/error.hpp"
 #include "h2/scheduler/plan_builder.hpp"
 
-#include <nlohmann/json.hpp>
 
 #include <cstring>
 #include <cstdlib>
@@ -136,29 +136,10 @@ metrics_service::metrics_service(const job_config& job, const run_flags& flags,
 void write_safetensors(const std::string& path,
                        const std::vector<runtime::parameter_values>& params,
                        const std::string& job_name) {
-  nlohmann::json header;
-  header["__metadata__"] = {
-    {"format", "pt"}, {"producer", "h2"}, {"job", job_name}};
-  std::uint64_t offset = 0;
-  for (const auto& p : params) {
-    std::uint64_t bytes = p.values.size() * sizeof(float);
-    header[p.name] = {{"dtype", "F32"},
-                      {"shape", p.shape},
-                      {"data_offsets", {offset, offset + bytes}}};
-    offset += bytes;
-  }
-  std::string text = header.dump();
-  // The data starts 8-byte aligned.
-  text.append((8 - text.size() % 8) % 8, ' ');
-  std::uint64_t length = text.size();
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out.write(reinterpret_cast<const char*>(&length), sizeof(length));
-  out.write(text.data(), static_cast<std::streamsize>(text.size()));
+  std::vector<runtime::state_tensor> tensors;
   for (const auto& p : params)
-    out.write(reinterpret_cast<const char*>(p.values.data()),
-              static_cast<std::streamsize>(p.values.size() * sizeof(float)));
-  if (!out)
-    throw error("cannot write " + path);
+    tensors.push_back(runtime::f32_tensor(p.name, p.shape, p.values));
+  runtime::write_safetensors(path, tensors, {{"job", job_name}});
 }
 
 } // namespace h2::apps

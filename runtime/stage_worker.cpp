@@ -456,6 +456,34 @@ std::vector<parameter_values> stage_worker::parameters() const {
   return out;
 }
 
+std::vector<layer_state> stage_worker::snapshot() {
+  return guarded([&] {
+    devices::thread_binding bind(*device_);
+    std::vector<layer_state> out;
+    for (const auto& l : stage_->layers())
+      out.push_back(snapshot_layer(*l));
+    return out;
+  });
+}
+
+void stage_worker::restore(const std::vector<layer_state>& states) {
+  guarded([&] {
+    devices::thread_binding bind(*device_);
+    for (const auto& l : stage_->layers()) {
+      const layer_state* mine = nullptr;
+      for (const auto& s : states)
+        if (s.layer == l->index())
+          mine = &s;
+      if (mine == nullptr)
+        throw checkpoint_error(checkpoint_errc::mismatch, "",
+                               "no state for layer " +
+                                 std::to_string(l->index()) + " of chip " +
+                                 device_->id().to_string());
+      restore_layer(*l, *mine);
+    }
+  });
+}
+
 void stage_worker::reduce_gradients(std::int64_t step, op_context& ctx) {
   if (setup_.reductions.empty())
     return;

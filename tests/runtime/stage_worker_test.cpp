@@ -86,6 +86,19 @@ public:
     return loss;
   }
 
+  std::vector<layer_state> snapshot() {
+    std::vector<layer_state> out;
+    for (auto& w : workers_)
+      for (auto& s : w->snapshot())
+        out.push_back(std::move(s));
+    return out;
+  }
+
+  void restore(const std::vector<layer_state>& states) {
+    for (auto& w : workers_)
+      w->restore(states);
+  }
+
   std::vector<parameter_values> parameters() const {
     std::vector<parameter_values> out;
     for (const auto& w : workers_) {
@@ -140,6 +153,50 @@ TEST(runtime_stage_worker, one_1f1b_step_without_actors_equals_actors) {
   EXPECT_EQ(loss, expected.losses.at(0)); // bitwise: same ops, same order
   EXPECT_GT(loss, 0);
   expect_bitwise(p.parameters(), expected.params);
+}
+
+TEST(runtime_stage_worker, state_moves_to_another_plan_and_training_goes_on) {
+  // Two steps in one go, against one step under layers [3, 3], the state
+  // of every layer, and the second step under layers [2, 4].
+  auto job = two_stage_job();
+  job->train.steps = 2;
+  const auto expected = through_actors(job, 2);
+  std::vector<layer_state> states;
+  {
+    pipeline first(job, scheduler::make_plan(*job));
+    EXPECT_EQ(first.step(0), expected.losses.at(0));
+    states = first.snapshot();
+  }
+  ASSERT_EQ(states.size(), 6u);
+  for (const auto& s : states) // moments after the first update
+    EXPECT_EQ(s.tensors.size() % 3, 0u) << "layer " << s.layer;
+  plan other = scheduler::make_plan(*job);
+  other.replicas[0].stages[0].end_layer = 2;
+  other.replicas[0].stages[1].first_layer = 2;
+  pipeline second(job, other);
+  second.restore(states);
+  EXPECT_EQ(second.step(1), expected.losses.at(1));
+  expect_bitwise(second.parameters(), expected.params);
+}
+
+TEST(runtime_stage_worker, a_state_that_does_not_fit_is_refused) {
+  auto job = two_stage_job();
+  pipeline p(job, scheduler::make_plan(*job));
+  auto states = p.snapshot();
+  ASSERT_FALSE(states.empty());
+  auto missing = states;
+  missing.pop_back(); // the head's state
+  EXPECT_THROW(p.restore(missing), checkpoint_error);
+  auto reshaped = states;
+  reshaped[1].tensors[0].shape.push_back(1);
+  try {
+    p.restore(reshaped);
+    FAIL() << "expected a mismatch";
+  } catch (const checkpoint_error& e) {
+    EXPECT_EQ(e.kind(), checkpoint_errc::mismatch);
+    EXPECT_NE(std::string(e.what()).find("layer 1"), std::string::npos)
+      << e.what();
+  }
 }
 
 TEST(runtime_stage_worker, closing_a_channel_fails_the_waiting_neighbour) {

@@ -79,8 +79,10 @@ private:
   std::unique_ptr<metrics::http_server> server_;
 };
 
-/// Writes parameters as a safetensors file (a JSON header of names, dtypes,
-/// shapes and offsets, then the raw little-endian data). Throws h2::error.
+/// Writes parameters as a safetensors file (runtime::write_safetensors: a
+/// JSON header of names, dtypes, shapes and offsets, then the raw
+/// little-endian data). Throws runtime::checkpoint_error (kind io) when the
+/// file cannot be written.
 void write_safetensors(const std::string& path,
                        const std::vector<runtime::parameter_values>& params,
                        const std::string& job_name);

@@ -7,6 +7,7 @@
 #pragma once
 
 #include "h2/runtime/reports.hpp"
+#include "h2/runtime/stage_state.hpp"
 #include "h2/core/job.hpp"
 #include "h2/core/plan.hpp"
 #include "h2/devices/device_context.hpp"
@@ -99,6 +100,15 @@ public:
   /// Copies of the stage's parameters, layer by layer.
   std::vector<parameter_values> parameters() const;
 
+  /// The per-layer state of every layer of the stage, in layer order, in
+  /// host memory (docs/checkpoints.md): what a checkpoint writes. Call
+  /// between steps.
+  std::vector<layer_state> snapshot();
+
+  /// Loads `states` (one per layer of the stage, any order) into the
+  /// stage's layers. Call between steps. Throws checkpoint_error(mismatch)
+  /// naming the layer when a layer's state is missing or does not fit.
+  void restore(const std::vector<layer_state>& states);
 
   /// Closes both channels: waiting neighbours fail with peer_closed, this
   /// worker's own waits with cancelled. Thread-safe.

@@ -1,0 +1,266 @@
+// Layer files, whole checkpoints and the directory of checkpoints
+// (docs/checkpoints.md). The manifest itself: checkpoint_manifest.cpp.
+#include "h2/runtime/checkpoint_files.hpp"
+
+#include "checkpoint_io.hpp"
+
+#include <algorithm>
+#include <charconv>
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+
+#include <signal.h>
+#include <unistd.h>
+
+namespace h2::runtime {
+namespace {
+
+/// Why the checkpoint in `dir` (named for `step`) is not complete, or
+/// nullopt if its manifest reads and names that step.
+std::optional<std::string> incomplete_reason(const std::filesystem::path& dir,
+                                             std::int64_t step) {
+  try {
+    const auto m = read_manifest(dir);
+    if (m.step != step)
+      return "the manifest says step " + std::to_string(m.step);
+    return std::nullopt;
+  } catch (const checkpoint_error& e) {
+    if (e.kind() == checkpoint_errc::missing)
+      return "no " + std::string(manifest_file_name) + " (it is written last)";
+    return std::string(e.what());
+  }
+}
+
+struct step_dir {
+  std::int64_t step = 0;
+  std::filesystem::path dir;
+};
+
+/// The "step-XXXXXXXX" directories under `root`, newest first. Other
+/// entries (and names not exactly as checkpoint_dir writes them) are
+/// ignored; a missing `root` has none.
+std::vector<step_dir> list_step_dirs(const std::filesystem::path& root) {
+  std::vector<step_dir> dirs;
+  std::error_code ec;
+  if (!std::filesystem::is_directory(root, ec))
+    return dirs;
+  std::filesystem::directory_iterator it(root, ec), end;
+  for (; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    const std::string_view digits =
+      std::string_view(name).substr(std::min<std::size_t>(5, name.size()));
+    std::int64_t step = -1;
+    const auto parsed =
+      std::from_chars(digits.data(), digits.data() + digits.size(), step);
+    if (!name.starts_with("step-") || parsed.ec != std::errc() ||
+        parsed.ptr != digits.data() + digits.size() || step < 0 ||
+        checkpoint_dir(root, step).filename() != name)
+      continue;
+    std::error_code dir_ec;
+    if (it->is_directory(dir_ec))
+      dirs.push_back({step, it->path()});
+  }
+  if (ec)
+    throw checkpoint_error(checkpoint_errc::io, root,
+                           "cannot list: " + ec.message());
+  std::sort(dirs.begin(), dirs.end(),
+            [](const auto& a, const auto& b) { return a.step > b.step; });
+  return dirs;
+}
+
+/// "F32 [2, 3]": a tensor's dtype and shape for messages.
+std::string describe(const tensor_record& t) {
+  std::string text = t.dtype + " [";
+  for (std::size_t i = 0; i < t.shape.size(); ++i)
+    text += (i == 0 ? "" : ", ") + std::to_string(t.shape[i]);
+  return text + "]";
+}
+
+} // namespace
+
+std::string layer_file_name(int layer) {
+  H2_ENFORCE(layer >= 0, "layer ", layer);
+  char name[40];
+  std::snprintf(name, sizeof(name), "layer-%05d.safetensors", layer);
+  return name;
+}
+
+std::filesystem::path checkpoint_dir(const std::filesystem::path& root,
+                                     std::int64_t step) {
+  H2_ENFORCE(step >= 0, "step ", step);
+  char name[40];
+  std::snprintf(name, sizeof(name), "step-%08lld",
+                static_cast<long long>(step));
+  return root / name;
+}
+
+void crash_point(std::string_view point) {
+  const char* at = std::getenv("H2_TEST_CRASH_AT");
+  if (at != nullptr && point == at) {
+    ::kill(::getpid(), SIGKILL);
+    ::_exit(137); // not reached: SIGKILL to oneself is delivered at once
+  }
+}
+
+file_record write_layer_file(const std::filesystem::path& dir,
+                             const layer_state& state) {
+  crash_point("before-layer-file");
+  file_record r;
+  r.file = layer_file_name(state.layer);
+  r.layer = state.layer;
+  const written_file w = write_safetensors(
+    dir / r.file, state.tensors, {{"layer", std::to_string(state.layer)}});
+  crash_point("after-layer-file");
+  r.bytes = w.bytes;
+  r.crc32c = w.crc32c;
+  for (const auto& t : state.tensors)
+    r.tensors.push_back({t.name, t.dtype, t.shape});
+  return r;
+}
+
+std::filesystem::path write_checkpoint(const std::filesystem::path& root,
+                                       checkpoint_manifest manifest,
+                                       const std::vector<layer_state>& layers) {
+  std::vector<const layer_state*> ordered;
+  for (const auto& l : layers)
+    ordered.push_back(&l);
+  std::sort(ordered.begin(), ordered.end(),
+            [](auto* a, auto* b) { return a->layer < b->layer; });
+  for (std::size_t i = 0; i < ordered.size(); ++i)
+    H2_ENFORCE(ordered[i]->layer == static_cast<int>(i),
+               "checkpoint layers must be 0..n-1; found layer ",
+               ordered[i]->layer, " at position ", i);
+
+  const auto dir = checkpoint_dir(root, manifest.step);
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec)
+    throw checkpoint_error(checkpoint_errc::io, dir,
+                           "cannot create: " + ec.message());
+  detail::sync_directory(root);
+  // Rewriting a step: the directory stops being a checkpoint before any of
+  // its files change.
+  if (std::filesystem::remove(dir / manifest_file_name, ec); ec)
+    throw checkpoint_error(checkpoint_errc::io, dir / manifest_file_name,
+                           "cannot remove: " + ec.message());
+  detail::sync_directory(dir);
+
+  manifest.files.clear();
+  for (const auto* l : ordered)
+    manifest.files.push_back(write_layer_file(dir, *l));
+  write_manifest(dir, manifest);
+  return dir;
+}
+
+layer_state read_layer_file(const std::filesystem::path& dir,
+                            const file_record& record) {
+  // The record comes from a manifest: its name is checked before it is
+  // opened (no "../" escapes the directory).
+  if (record.layer < 0 || record.file != layer_file_name(record.layer))
+    throw checkpoint_error(checkpoint_errc::corrupt, dir / manifest_file_name,
+                           "the record of layer " +
+                             std::to_string(record.layer) + " names file \"" +
+                             record.file + "\"");
+  safetensors_reader reader(dir / record.file, record.bytes);
+  const auto fail = [&](checkpoint_errc kind, const std::string& why) {
+    return checkpoint_error(kind, reader.path(), why);
+  };
+  const auto& meta = reader.metadata();
+  const auto producer = meta.find("producer");
+  if (producer == meta.end() || producer->second != "h2")
+    throw fail(checkpoint_errc::foreign,
+               "not an H2 layer file (producer " +
+                 (producer == meta.end() ? std::string("absent")
+                                         : "\"" + producer->second + "\"") +
+                 ")");
+  const auto layer = meta.find("layer");
+  if (layer == meta.end() || layer->second != std::to_string(record.layer))
+    throw fail(checkpoint_errc::mismatch,
+               "the file holds layer " +
+                 (layer == meta.end() ? std::string("(none)") : layer->second) +
+                 ", the manifest says layer " + std::to_string(record.layer));
+  // Tensors are matched by name: the file does not record the order of
+  // empty tensors that share an offset. The result is in the record's order.
+  std::map<std::string, std::size_t> in_file;
+  for (std::size_t i = 0; i < reader.tensors().size(); ++i)
+    in_file.emplace(reader.tensors()[i].name, i);
+  std::vector<std::size_t> order;
+  for (const auto& want : record.tensors) {
+    const auto it = in_file.find(want.name);
+    if (it == in_file.end())
+      throw fail(checkpoint_errc::mismatch,
+                 "no tensor " + want.name +
+                   " in the file (or listed twice in the manifest)");
+    const auto& have = reader.tensors()[it->second];
+    if (have != want)
+      throw fail(checkpoint_errc::mismatch,
+                 "tensor " + want.name + " is " + describe(have) +
+                   " in the file, " + describe(want) + " in the manifest");
+    order.push_back(it->second);
+    in_file.erase(it);
+  }
+  if (!in_file.empty())
+    throw fail(checkpoint_errc::mismatch,
+               "tensor " + in_file.begin()->first +
+                 " is in the file but not in the manifest");
+  std::uint32_t crc = 0;
+  auto tensors = reader.read_tensors(crc);
+  if (crc != record.crc32c)
+    throw fail(checkpoint_errc::corrupt, "CRC32C is " + detail::hex32(crc) +
+                                           ", the manifest says " +
+                                           detail::hex32(record.crc32c));
+  layer_state state{record.layer, {}};
+  for (std::size_t i : order)
+    state.tensors.push_back(std::move(tensors[i]));
+  return state;
+}
+
+checkpoint read_checkpoint(const std::filesystem::path& dir) {
+  checkpoint c;
+  c.manifest = read_manifest(dir);
+  for (const auto& record : c.manifest.files)
+    c.layers.push_back(read_layer_file(dir, record));
+  return c;
+}
+
+std::optional<std::filesystem::path>
+latest_checkpoint(const std::filesystem::path& root,
+                  const std::function<void(const std::string&)>& log) {
+  for (const auto& d : list_step_dirs(root)) {
+    const auto why = incomplete_reason(d.dir, d.step);
+    if (!why)
+      return d.dir;
+    if (log)
+      log("h2: skipping incomplete checkpoint " + d.dir.string() + ": " + *why);
+  }
+  return std::nullopt;
+}
+
+std::vector<std::filesystem::path>
+prune_checkpoints(const std::filesystem::path& root, int keep) {
+  H2_ENFORCE(keep >= 1, "keep=", keep,
+             " (the newest complete checkpoint is always kept)");
+  std::vector<std::filesystem::path> removed;
+  int complete = 0;
+  // Newest first: an incomplete directory seen before any complete one may
+  // still be being written and stays.
+  for (const auto& d : list_step_dirs(root)) {
+    const bool is_complete = !incomplete_reason(d.dir, d.step);
+    if (is_complete)
+      ++complete;
+    if ((is_complete && complete <= keep) || complete == 0)
+      continue;
+    std::error_code ec;
+    std::filesystem::remove_all(d.dir, ec);
+    if (ec)
+      throw checkpoint_error(checkpoint_errc::io, d.dir,
+                             "cannot remove: " + ec.message());
+    removed.push_back(d.dir);
+  }
+  if (!removed.empty())
+    detail::sync_directory(root);
+  return removed;
+}
+
+} // namespace h2::runtime

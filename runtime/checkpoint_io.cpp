@@ -1,0 +1,159 @@
+#include "checkpoint_io.hpp"
+
+#include "h2/transport/crc32c.hpp"
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <iterator>
+#include <utility>
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+namespace h2::runtime {
+
+std::string_view to_string(checkpoint_errc kind) noexcept {
+  // In the order of the enumerators.
+  static constexpr std::string_view names[] = {
+    "missing", "truncated", "corrupt", "mismatch", "foreign", "io"};
+  const auto i = static_cast<std::size_t>(kind);
+  return i < std::size(names) ? names[i] : "unknown";
+}
+
+checkpoint_error::checkpoint_error(checkpoint_errc kind,
+                                   std::filesystem::path file,
+                                   const std::string& message)
+    : error((file.empty() ? std::string() : file.string() + ": ") +
+            std::string(to_string(kind)) + ": " + message),
+      kind_(kind),
+      file_(std::move(file)) {
+}
+
+namespace detail {
+namespace {
+
+/// Closes a descriptor on every path out of a scope.
+class fd_guard {
+public:
+  explicit fd_guard(int fd) : fd_(fd) {}
+  ~fd_guard() {
+    if (fd_ >= 0)
+      ::close(fd_);
+  }
+  fd_guard(const fd_guard&) = delete;
+  fd_guard& operator=(const fd_guard&) = delete;
+
+  int get() const noexcept { return fd_; }
+  int release() noexcept { return std::exchange(fd_, -1); }
+
+private:
+  int fd_;
+};
+
+} // namespace
+
+std::string hex32(std::uint32_t value) {
+  char text[11];
+  std::snprintf(text, sizeof(text), "0x%08x", value);
+  return text;
+}
+
+void throw_errno(checkpoint_errc kind, const std::filesystem::path& file,
+                 const std::string& what) {
+  const int code = errno;
+  throw checkpoint_error(kind, file, what + ": " + std::strerror(code));
+}
+
+written_file
+write_file_synced(const std::filesystem::path& path,
+                  std::span<const std::span<const std::uint8_t>> pieces) {
+  fd_guard fd(
+    ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
+  if (fd.get() < 0)
+    throw_errno(checkpoint_errc::io, path, "cannot create");
+  written_file result;
+  for (auto piece : pieces) {
+    result.crc32c =
+      transport::crc32c(piece.data(), piece.size(), result.crc32c);
+    const std::uint8_t* at = piece.data();
+    std::size_t left = piece.size();
+    while (left > 0) {
+      const ssize_t n = ::write(fd.get(), at, left);
+      if (n < 0 && errno == EINTR)
+        continue;
+      if (n <= 0)
+        throw_errno(checkpoint_errc::io, path, "cannot write");
+      at += n;
+      left -= static_cast<std::size_t>(n);
+    }
+    result.bytes += piece.size();
+  }
+  if (::fsync(fd.get()) != 0)
+    throw_errno(checkpoint_errc::io, path, "cannot fsync");
+  // close() can report a deferred write error (NFS): check it.
+  if (::close(fd.release()) != 0)
+    throw_errno(checkpoint_errc::io, path, "cannot close");
+  return result;
+}
+
+void sync_directory(const std::filesystem::path& dir) {
+  fd_guard fd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (fd.get() < 0)
+    throw_errno(checkpoint_errc::io, dir, "cannot open directory");
+  if (::fsync(fd.get()) != 0)
+    throw_errno(checkpoint_errc::io, dir, "cannot fsync directory");
+}
+
+int open_for_reading(const std::filesystem::path& path, std::uint64_t& bytes) {
+  fd_guard fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (fd.get() < 0) {
+    if (errno == ENOENT)
+      throw checkpoint_error(checkpoint_errc::missing, path, "no such file");
+    throw_errno(checkpoint_errc::io, path, "cannot open");
+  }
+  struct stat st {};
+  if (::fstat(fd.get(), &st) != 0)
+    throw_errno(checkpoint_errc::io, path, "cannot stat");
+  if (!S_ISREG(st.st_mode))
+    throw checkpoint_error(checkpoint_errc::corrupt, path,
+                           "not a regular file");
+  bytes = static_cast<std::uint64_t>(st.st_size);
+  return fd.release();
+}
+
+std::string read_small_file(const std::filesystem::path& path,
+                            std::uint64_t max_bytes) {
+  std::uint64_t size = 0;
+  fd_guard fd(open_for_reading(path, size));
+  if (size > max_bytes)
+    throw checkpoint_error(checkpoint_errc::corrupt, path,
+                           "the file has " + std::to_string(size) +
+                             " bytes, over the limit of " +
+                             std::to_string(max_bytes));
+  std::string text(size, '\0');
+  read_exact(fd.get(), text.data(), text.size(), path);
+  return text;
+}
+
+void read_exact(int fd, void* out, std::size_t size,
+                const std::filesystem::path& path) {
+  auto* at = static_cast<std::uint8_t*>(out);
+  std::size_t left = size;
+  while (left > 0) {
+    const ssize_t n = ::read(fd, at, left);
+    if (n < 0 && errno == EINTR)
+      continue;
+    if (n < 0)
+      throw_errno(checkpoint_errc::io, path, "cannot read");
+    if (n == 0)
+      throw checkpoint_error(checkpoint_errc::truncated, path,
+                             "the file ended early (it shrank while read)");
+    at += n;
+    left -= static_cast<std::size_t>(n);
+  }
+}
+
+} // namespace detail
+} // namespace h2::runtime

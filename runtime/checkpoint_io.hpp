@@ -1,0 +1,50 @@
+// POSIX file calls of the checkpoint files (docs/checkpoints.md): durable
+// writes (write, fsync, directory fsync) and exact reads, every failure a
+// checkpoint_error naming the file. Private to runtime/.
+#pragma once
+
+#include "h2/runtime/safetensors.hpp"
+
+#include <cstddef>
+#include <cstdint>
+#include <filesystem>
+#include <span>
+#include <string>
+
+namespace h2::runtime::detail {
+
+/// "0x0123abcd": a CRC32C as the error messages print it.
+std::string hex32(std::uint32_t value);
+
+/// Throws checkpoint_error(`kind`, `file`) with "<what>: <strerror(errno)>".
+[[noreturn]] void throw_errno(checkpoint_errc kind,
+                              const std::filesystem::path& file,
+                              const std::string& what);
+
+/// Creates or truncates `path`, writes `pieces` one after the other, fsyncs
+/// and closes it. Returns the size and CRC32C of what was written. Throws
+/// checkpoint_error(io).
+written_file
+write_file_synced(const std::filesystem::path& path,
+                  std::span<const std::span<const std::uint8_t>> pieces);
+
+/// fsyncs the directory `dir`, so the entries created, renamed or removed in
+/// it survive a power loss. Throws checkpoint_error(io).
+void sync_directory(const std::filesystem::path& dir);
+
+/// Opens `path` read-only and returns its descriptor (the caller closes it).
+/// Throws `missing` if it does not exist, `corrupt` if it is not a regular
+/// file, `io` otherwise. `bytes` receives its size.
+int open_for_reading(const std::filesystem::path& path, std::uint64_t& bytes);
+
+/// The whole of `path`, a file of at most `max_bytes` (else `corrupt`):
+/// `missing`, `io` as open_for_reading().
+std::string read_small_file(const std::filesystem::path& path,
+                            std::uint64_t max_bytes);
+
+/// Reads exactly `size` bytes from `fd` into `out`; an early end of file is
+/// `truncated`, a read error `io`.
+void read_exact(int fd, void* out, std::size_t size,
+                const std::filesystem::path& path);
+
+} // namespace h2::runtime::detail

@@ -1,0 +1,25 @@
+// Per-layer state (docs/checkpoints.md): a layer's parameters and AdamW
+// moments, keyed by its global layer index and independent of stages, so
+// that a state taken under one plan loads under any other. Checkpoints
+// store it; live rebalancing moves it between chips.
+#pragma once
+
+#include "h2/model/layers.hpp"
+#include "h2/runtime/safetensors.hpp"
+
+namespace h2::runtime {
+
+/// Host copies of `l`'s parameters (fp32 master weights) and, once the
+/// optimizer has run, its AdamW moments ("<param>.exp_avg",
+/// "<param>.exp_avg_sq"). Call with `l`'s chip bound to the thread.
+layer_state snapshot_layer(const model::layer& l);
+
+/// Overwrites `l`'s parameters and moments with `s` (without moments: the
+/// state before the first update, and `l`'s moments are dropped). Copies
+/// into the existing tensors, so memory stays charged to `l`'s chip; call
+/// with that chip bound to the thread. Throws checkpoint_error(mismatch)
+/// naming the layer and tensor when `s` is for another layer, lacks a
+/// parameter, has a tensor `l` lacks, or a shape or dtype differs.
+void restore_layer(model::layer& l, const layer_state& s);
+
+} // namespace h2::runtime

@@ -1,0 +1,112 @@
+// A stage's per-layer state (docs/checkpoints.md): copies of its layers'
+// parameters and AdamW moments in host memory, keyed by global layer index,
+// and the way back into a stage built under any plan.
+#include "h2/runtime/stage_state.hpp"
+
+#include "h2/core/error.hpp"
+
+#include <ATen/ops/from_blob.h>
+#include <ATen/ops/zeros_like.h>
+
+#include <cstring>
+
+namespace h2::runtime {
+
+namespace {
+
+constexpr const char* exp_avg_suffix = ".exp_avg";
+constexpr const char* exp_avg_sq_suffix = ".exp_avg_sq";
+
+/// A host copy of an fp32 tensor.
+state_tensor host_copy(const std::string& name, const at::Tensor& t) {
+  H2_ENFORCE(t.scalar_type() == at::kFloat, name, ": state is fp32, got ",
+             c10::toString(t.scalar_type()));
+  auto host = t.detach().to(at::kCPU).contiguous();
+  state_tensor out;
+  out.name = name;
+  out.dtype = "F32";
+  out.shape = host.sizes().vec();
+  out.bytes.resize(static_cast<std::size_t>(host.numel()) * sizeof(float));
+  std::memcpy(out.bytes.data(), host.data_ptr<float>(), out.bytes.size());
+  return out;
+}
+
+/// Copies `s` into `target` (same shape, fp32), on target's device.
+void copy_into(at::Tensor& target, const state_tensor& s, int layer) {
+  const auto where = "layer " + std::to_string(layer) + ", " + s.name;
+  if (s.dtype != "F32" || s.shape != target.sizes().vec())
+    throw checkpoint_error(
+      checkpoint_errc::mismatch, "",
+      where + ": expected F32 of the stage's shape, got " + s.dtype);
+  const auto host = at::from_blob(const_cast<std::uint8_t*>(s.bytes.data()),
+                                  s.shape, at::TensorOptions(at::kFloat));
+  at::NoGradGuard no_grad;
+  target.copy_(host);
+}
+
+} // namespace
+
+layer_state snapshot_layer(const model::layer& l) {
+  layer_state out;
+  out.layer = l.index();
+  for (const auto& p : l.parameters()) {
+    out.tensors.push_back(host_copy(p.name, p.value));
+    // Moments exist once the optimizer has run (docs/checkpoints.md).
+    if (p.exp_avg.defined()) {
+      out.tensors.push_back(host_copy(p.name + exp_avg_suffix, p.exp_avg));
+      out.tensors.push_back(
+        host_copy(p.name + exp_avg_sq_suffix, p.exp_avg_sq));
+    }
+  }
+  return out;
+}
+
+void restore_layer(model::layer& l, const layer_state& s) {
+  if (s.layer != l.index())
+    throw checkpoint_error(checkpoint_errc::mismatch, "",
+                           "state of layer " + std::to_string(s.layer) +
+                             " offered to layer " + std::to_string(l.index()));
+  std::map<std::string, const state_tensor*> by_name;
+  for (const auto& t : s.tensors)
+    by_name[t.name] = &t;
+  auto take = [&](const std::string& name) -> const state_tensor* {
+    auto i = by_name.find(name);
+    if (i == by_name.end())
+      return nullptr;
+    const auto* t = i->second;
+    by_name.erase(i);
+    return t;
+  };
+  for (auto& p : l.parameters()) {
+    const auto* value = take(p.name);
+    if (value == nullptr)
+      throw checkpoint_error(checkpoint_errc::mismatch, "",
+                             "layer " + std::to_string(l.index()) +
+                               ": no tensor " + p.name);
+    copy_into(p.value, *value, l.index());
+    const auto* m1 = take(p.name + exp_avg_suffix);
+    const auto* m2 = take(p.name + exp_avg_sq_suffix);
+    if ((m1 == nullptr) != (m2 == nullptr))
+      throw checkpoint_error(checkpoint_errc::mismatch, "",
+                             "layer " + std::to_string(l.index()) + ": " +
+                               p.name + " has one AdamW moment of two");
+    if (m1 == nullptr) {
+      // Before the first update: no moments (the optimizer makes them).
+      p.exp_avg = at::Tensor();
+      p.exp_avg_sq = at::Tensor();
+      continue;
+    }
+    if (!p.exp_avg.defined()) {
+      p.exp_avg = at::zeros_like(p.value);
+      p.exp_avg_sq = at::zeros_like(p.value);
+    }
+    copy_into(p.exp_avg, *m1, l.index());
+    copy_into(p.exp_avg_sq, *m2, l.index());
+  }
+  if (!by_name.empty())
+    throw checkpoint_error(checkpoint_errc::mismatch, "",
+                           "layer " + std::to_string(l.index()) +
+                             ": unknown tensor " + by_name.begin()->first);
+}
+
+} // namespace h2::runtime
