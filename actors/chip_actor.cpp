@@ -64,6 +64,16 @@ caf::behavior chip_actor(caf::event_based_actor* self, runtime::worker_setup set
       return state->with_worker(
         [&](runtime::stage_worker& w) { return w.parameters(); });
     },
+    [state](snapshot_atom) {
+      return state->with_worker(
+        [&](runtime::stage_worker& w) { return w.snapshot(); });
+    },
+    [state](restore_atom, const std::vector<runtime::layer_state>& states) {
+      return state->with_worker([&](runtime::stage_worker& w) {
+        w.restore(states);
+        return true;
+      });
+    },
   };
 }
 

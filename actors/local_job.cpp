@@ -28,6 +28,9 @@ void configure_actor_system(caf::actor_system_config& cfg) {
   cfg.add_message_type<chip_eval_report>("h2.chip_eval_report");
   cfg.add_message_type<run_summary>("h2.run_summary");
   cfg.add_message_type<parameter_values>("h2.parameter_values");
+  cfg.add_message_type<state_tensor>("h2.state_tensor");
+  cfg.add_message_type<layer_state>("h2.layer_state");
+  cfg.add_message_type<std::vector<layer_state>>("h2.layer_states");
   cfg.add_error_category(error_category, render_error);
   // Chips run on threads of their own (detached); CAF's scheduler threads
   // only carry light work and must not busy-poll the cores the chips
@@ -69,6 +72,15 @@ runtime::run_summary local_job::run(const run_options& opts,
   ctx->the_plan = plan_;
   ctx->observer = &observer;
   ctx->stop = std::move(stop);
+  ctx->job_text = opts.job_text;
+  if (opts.resume) {
+    ctx->first_step = static_cast<int>(opts.resume->manifest.step);
+    ctx->restore = std::shared_ptr<const std::vector<runtime::layer_state>>(
+      opts.resume, &opts.resume->layers);
+  }
+  if (!job_->checkpoint.dir.empty())
+    ctx->checkpoints = std::make_shared<runtime::checkpoint_writer>(
+      job_->checkpoint.dir, job_->checkpoint.keep);
 
   // Every chip runs in this process: every node rank maps to it, so every
   // pair of chips is joined in-process.
@@ -132,6 +144,8 @@ runtime::run_summary local_job::run(const run_options& opts,
   ctx->chips.clear();
   if (failed)
     throw run_error(*failed);
+  if (ctx->checkpoints)
+    ctx->checkpoints->finish(); // the last save is on disk
   return *result;
 }
 

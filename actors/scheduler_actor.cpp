@@ -25,16 +25,18 @@ struct scheduler_state {
   int step = 0;
   double virtual_barrier = 0;
   std::optional<runtime::run_totals> totals;
+  int saved_step = -1; ///< the step of the last checkpoint started here
 };
 
 namespace {
 
 using self_ptr = caf::stateful_actor<scheduler_state>*;
 
-/// Sends `xs...` to every chip; calls `on_all` with the replies in chip
-/// order, or delivers the root cause of the failures to the run's promise.
+/// Sends `xs...` to the first `count` chips (plan order: replica 0's stages
+/// first); calls `on_all` with the replies in chip order, or delivers the
+/// root cause of the failures to the run's promise.
 template <class Reply, class OnAll, class... Ts>
-void gather(self_ptr self, OnAll on_all, Ts... xs) {
+void gather_first(self_ptr self, std::size_t count, OnAll on_all, Ts... xs) {
   const auto& chips = self->state.ctx->chips;
   struct pending {
     std::vector<Reply> replies;
@@ -42,8 +44,8 @@ void gather(self_ptr self, OnAll on_all, Ts... xs) {
     std::size_t outstanding;
   };
   auto p = std::make_shared<pending>();
-  p->replies.resize(chips.size());
-  p->outstanding = chips.size();
+  p->replies.resize(count);
+  p->outstanding = count;
   auto finish = [self, p, on_all] {
     if (--p->outstanding != 0)
       return;
@@ -57,7 +59,7 @@ void gather(self_ptr self, OnAll on_all, Ts... xs) {
   const auto& ctx = *self->state.ctx;
   const auto ids = plan_chips(ctx.the_plan);
   const auto timeout = step_timeout(*ctx.job);
-  for (std::size_t i = 0; i < chips.size(); ++i)
+  for (std::size_t i = 0; i < count; ++i)
     self->request(chips[i], timeout, xs...)
       .then(
         [p, i, finish](Reply& r) {
@@ -71,11 +73,61 @@ void gather(self_ptr self, OnAll on_all, Ts... xs) {
         });
 }
 
+/// Sends `xs...` to every chip (gather_first over all of them).
+template <class Reply, class OnAll, class... Ts>
+void gather(self_ptr self, OnAll on_all, Ts... xs) {
+  gather_first<Reply>(self, self->state.ctx->chips.size(), std::move(on_all),
+                      xs...);
+}
+
 void next_step(self_ptr self);
+void after_step(self_ptr self);
+
+/// Saves a checkpoint after st.step steps: replica 0's chips snapshot
+/// their layers (the training stall), the writer writes them in the
+/// background; then `then()`. Without a writer, or when this step is
+/// saved already, just `then()`.
+template <class Then>
+void save_checkpoint(self_ptr self, Then then) {
+  auto& st = self->state;
+  auto& ctx = *st.ctx;
+  if (!ctx.checkpoints || ctx.checkpoints->last_step() == st.step ||
+      st.step == st.saved_step) {
+    then();
+    return;
+  }
+  st.saved_step = st.step;
+  const auto owners = ctx.the_plan.replicas.front().stages.size();
+  gather_first<std::vector<runtime::layer_state>>(
+    self, owners,
+    [self, then](std::vector<std::vector<runtime::layer_state>> per_chip) {
+      auto& st = self->state;
+      auto& ctx = *st.ctx;
+      std::vector<runtime::layer_state> layers;
+      for (auto& chip : per_chip)
+        for (auto& l : chip)
+          layers.push_back(std::move(l));
+      try {
+        auto manifest = runtime::job_manifest(*ctx.job, ctx.the_plan, st.step,
+                                              ctx.job_text);
+        const double waited =
+          ctx.checkpoints->save(std::move(manifest), std::move(layers));
+        if (ctx.observer != nullptr)
+          ctx.observer->on_checkpoint(st.step, waited);
+      } catch (...) {
+        st.done.deliver(current_exception_error());
+        return;
+      }
+      then();
+    },
+    snapshot_atom::value);
+}
 
 void finish(self_ptr self, bool stopped_early) {
-  auto& st = self->state;
-  st.done.deliver(st.totals->summary(stopped_early));
+  save_checkpoint(self, [self, stopped_early] {
+    auto& st = self->state;
+    st.done.deliver(st.totals->summary(stopped_early));
+  });
 }
 
 void on_updates(self_ptr self, const runtime::update_decision& decision,
@@ -92,6 +144,18 @@ void on_updates(self_ptr self, const runtime::update_decision& decision,
   if (st.ctx->observer != nullptr)
     st.ctx->observer->on_step(summary);
   ++st.step;
+  const int every = job.checkpoint.every;
+  if (every > 0 && st.step % every == 0 && st.step < st.steps) {
+    save_checkpoint(self, [self] { after_step(self); });
+    return;
+  }
+  after_step(self);
+}
+
+/// Validation when due, then the next step.
+void after_step(self_ptr self) {
+  auto& st = self->state;
+  const job_config& job = *st.ctx->job;
   if (!runtime::eval_due(job, st.step, st.steps)) {
     next_step(self);
     return;
@@ -166,6 +230,8 @@ caf::behavior scheduler_actor(self_ptr self, std::shared_ptr<run_context> ctx) {
       auto& st = self->state;
       st.done = self->make_response_promise();
       st.steps = steps;
+      st.step = st.ctx->first_step;
+      st.saved_step = st.step; // a resumed run's start is saved already
       st.totals.emplace(steps);
       gather<runtime::setup_report>(
         self,
@@ -173,7 +239,13 @@ caf::behavior scheduler_actor(self_ptr self, std::shared_ptr<run_context> ctx) {
           auto& st = self->state;
           if (st.ctx->observer != nullptr)
             st.ctx->observer->on_setup(st.ctx->the_plan, reports);
-          next_step(self);
+          if (!st.ctx->restore) {
+            next_step(self);
+            return;
+          }
+          gather<bool>(
+            self, [self](std::vector<bool>) { next_step(self); },
+            restore_atom::value, *st.ctx->restore);
         },
         setup_atom::value);
       return st.done;

@@ -9,6 +9,7 @@
 #include "h2/apps/session.hpp"
 #include "h2/apps/signals.hpp"
 
+#include <algorithm>
 #include <iostream>
 
 namespace {
@@ -18,6 +19,7 @@ using namespace h2;
 int run_in_process(const std::string& job_path, const apps::run_flags& f) {
   auto job = apps::load_job(job_path, f);
   auto chosen = apps::choose_plan(f, *job);
+  auto resume = apps::resume_from(f, *job);
   actors::local_job local(job, chosen.value);
   apps::metrics_service metrics(*job, f, 0, "h2");
 
@@ -29,11 +31,16 @@ int run_in_process(const std::string& job_path, const apps::run_flags& f) {
   ro.predicted_step_seconds = chosen.predicted_step_seconds;
   apps::reporter reporter(*job, ro, metrics.registry());
 
+  actors::run_options run;
+  run.steps = f.stop_after > 0 ? std::min(f.stop_after, job->train.steps)
+                               : job->train.steps;
+  run.collect_parameters = !f.export_path.empty();
+  run.resume = std::move(resume);
+  run.job_text = apps::job_text(job_path);
   apps::signal_watcher signals([&local] { local.abort(); });
   runtime::run_summary summary;
   try {
-    summary = local.run({job->train.steps, !f.export_path.empty()}, reporter,
-                        signals.stop_flag());
+    summary = local.run(run, reporter, signals.stop_flag());
   } catch (const actors::run_error& e) {
     // The abort closes every channel: chips see their own end closed
     // (cancelled) or their neighbour's (peer_lost, which root_cause ranks

@@ -9,6 +9,7 @@
 #include "h2/apps/signals.hpp"
 #include "h2/transport/handshake.hpp"
 
+#include <algorithm>
 #include <arpa/inet.h>
 #include <atomic>
 #include <cstdlib>
@@ -73,6 +74,16 @@ std::string local_address_towards(const std::string& host) {
 
 int run_node(node_flags& nf) {
   auto job = apps::load_job(nf.job_path, nf.run);
+  // Checkpoints are saved and loaded by one process's job so far
+  // (docs/checkpoints.md): refuse rather than train without them.
+  if (!job->checkpoint.dir.empty())
+    throw config_error("checkpoint.dir",
+                       "checkpoints of a job over several nodes are not "
+                       "supported yet: run it in one process (h2-launch "
+                       "without --nodes) or remove [checkpoint]");
+  if (!nf.run.resume.empty())
+    throw config_error("--resume", "resuming a job over several nodes is not "
+                                   "supported yet: run it in one process");
   const char* source = "--node-rank";
   if (nf.rank < 0) {
     auto r = env_int({"SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "RANK"}, source);
@@ -142,7 +153,10 @@ int run_node(node_flags& nf) {
     o.plan_override = std::move(chosen.value);
     predicted = chosen.predicted_step_seconds;
   }
-  o.run = {job->train.steps, !nf.run.export_path.empty()};
+  o.run.steps = nf.run.stop_after > 0
+                  ? std::min(nf.run.stop_after, job->train.steps)
+                  : job->train.steps;
+  o.run.collect_parameters = !nf.run.export_path.empty();
   o.on_listening = [&](std::uint16_t p) {
     std::cout << "h2-node: coordinator at " << o.coordinator_host << ":" << p
               << std::endl;

@@ -230,6 +230,32 @@ void reporter::on_step(const runtime::step_summary& s) {
   }
 }
 
+void reporter::on_checkpoint(int steps, double waited_seconds) {
+  if (registry_ != nullptr) {
+    registry_->get_counter("h2_checkpoints_total",
+                           "Checkpoints handed to the background writer.")
+      .inc();
+    registry_
+      ->get_counter("h2_checkpoint_wait_seconds_total",
+                    "Time steps waited for the previous checkpoint's write.")
+      .inc(waited_seconds);
+  }
+  if (json_.is_open())
+    json_ << nlohmann::json{{"event", "checkpoint"},
+                            {"step", steps},
+                            {"waited_seconds", waited_seconds}}
+               .dump()
+          << '\n'
+          << std::flush;
+  if (!options_.quiet) {
+    std::fprintf(options_.out,
+                 "checkpoint after step %d | writing in the background "
+                 "(waited %.3f s for the previous one)\n",
+                 steps, waited_seconds);
+    std::fflush(options_.out);
+  }
+}
+
 void reporter::on_eval(int step, double val_loss) {
   if (registry_ != nullptr)
     registry_

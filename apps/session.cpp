@@ -2,6 +2,7 @@
 
 #include "h2/apps/app.hpp"
 #include "h2/runtime/auto_plan.hpp"
+#include "h2/runtime/checkpointing.hpp"
 #include "h2/runtime/safetensors.hpp"
 #include "h2/core/error.hpp"
 #include "h2/scheduler/plan_builder.hpp"
@@ -9,6 +10,7 @@
 
 #include <cstring>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <sstream>
@@ -35,6 +37,14 @@ void add_run_flags(CLI::App& cli, run_flags& f) {
     ->check(CLI::Range(0, 65535));
   cli.add_flag("--no-metrics", f.no_metrics, "Serve no metrics");
   cli.add_flag("-q,--quiet", f.quiet, "No per-step progress lines");
+  cli
+    .add_option("--stop-after", f.stop_after,
+                "End cleanly after step N (saving a checkpoint with "
+                "[checkpoint]) without changing train.steps")
+    ->check(CLI::Range(1, 1 << 30));
+  cli.add_option("--resume", f.resume,
+                 "Continue from a checkpoint: its directory, or 'latest' "
+                 "(the newest complete one under checkpoint.dir)");
 }
 
 int parse_and_run(CLI::App& cli, int argc, char** argv,
@@ -90,6 +100,36 @@ std::shared_ptr<job_config> load_job(const std::string& path,
     job->transport.backend = backend;
   }
   return job;
+}
+
+std::shared_ptr<const runtime::checkpoint> resume_from(const run_flags& flags,
+                                                       const job_config& job) {
+  if (flags.resume.empty())
+    return nullptr;
+  std::filesystem::path dir = flags.resume;
+  if (flags.resume == "latest") {
+    if (job.checkpoint.dir.empty())
+      throw config_error("--resume", "'latest' needs [checkpoint] dir in the "
+                                     "job file");
+    auto latest = runtime::latest_checkpoint(
+      job.checkpoint.dir, [](const std::string& line) {
+        std::cout << line << std::endl;
+      });
+    if (!latest)
+      throw config_error("--resume", "no complete checkpoint under " +
+                                       job.checkpoint.dir);
+    dir = *latest;
+  }
+  try {
+    auto c = std::make_shared<runtime::checkpoint>(runtime::read_checkpoint(dir));
+    runtime::check_resumable(c->manifest, job, dir);
+    std::cout << "h2: resuming from " << dir.string() << " (step "
+              << c->manifest.step << " of " << job.train.steps << ")"
+              << std::endl;
+    return c;
+  } catch (const runtime::checkpoint_error& e) {
+    throw config_error("--resume", e.what());
+  }
 }
 
 chosen_plan choose_plan(const run_flags& flags, const job_config& job) {

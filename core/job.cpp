@@ -554,6 +554,19 @@ void read_runtime(table_reader& root, job_config& job) {
   t->finish();
 }
 
+void read_checkpoint(table_reader& root, job_config& job) {
+  auto t = root.maybe_table("checkpoint");
+  if (!t)
+    return;
+  auto& c = job.checkpoint;
+  c.dir = t->required<std::string>("dir");
+  if (c.dir.empty())
+    throw config_error(t->path("dir"), "expected a directory, got \"\"");
+  c.every = positive_int(*t, "every", 0, 0);
+  c.keep = positive_int(*t, "keep", c.keep);
+  t->finish();
+}
+
 void read_security(table_reader& root, job_config& job) {
   auto t = root.maybe_table("security");
   if (!t)
@@ -626,6 +639,7 @@ job_config parse_job(std::string_view toml_text, const std::string& origin) {
   read_metrics(top, job);
   read_transport(top, job);
   read_runtime(top, job);
+  read_checkpoint(top, job);
   read_security(top, job);
   read_topology(top, job);
   top.finish();

@@ -35,9 +35,9 @@ state_tensor host_copy(const std::string& name, const at::Tensor& t) {
 void copy_into(at::Tensor& target, const state_tensor& s, int layer) {
   const auto where = "layer " + std::to_string(layer) + ", " + s.name;
   if (s.dtype != "F32" || s.shape != target.sizes().vec())
-    throw checkpoint_error(
-      checkpoint_errc::mismatch, "",
-      where + ": expected F32 of the stage's shape, got " + s.dtype);
+    throw checkpoint_error(checkpoint_errc::mismatch, "",
+                           where + ": expected F32 of the stage's shape, got " +
+                             s.dtype);
   const auto host = at::from_blob(const_cast<std::uint8_t*>(s.bytes.data()),
                                   s.shape, at::TensorOptions(at::kFloat));
   at::NoGradGuard no_grad;

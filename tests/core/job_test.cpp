@@ -259,6 +259,19 @@ TEST(core_job, runtime_section) {
   EXPECT_EQ(job.runtime.step_timeout_seconds, 2.5);
 }
 
+TEST(core_job, checkpoint_section) {
+  EXPECT_TRUE(parse_job(base_job, "<string>").checkpoint.dir.empty());
+  job_config job = parse_job(
+    base_job + "\n[checkpoint]\ndir = \"ckpt\"\nevery = 50\nkeep = 2\n",
+    "<string>");
+  EXPECT_EQ(job.checkpoint.dir, "ckpt");
+  EXPECT_EQ(job.checkpoint.every, 50);
+  EXPECT_EQ(job.checkpoint.keep, 2);
+  EXPECT_EQ(parse_job(base_job + "\n[checkpoint]\ndir = \"c\"\n", "<string>")
+              .checkpoint.keep,
+            3);
+}
+
 TEST(core_job, min_lr_default_never_exceeds_lr) {
   auto job = parse_job(
     edit(base_job, {{"micro_batch = 2", "micro_batch = 2\nlr = 5e-5"}}), "t");
@@ -685,6 +698,16 @@ const bad_job bad_jobs[] = {
    "\n[runtime]\nstep_timeout = 5\n",
    "runtime.step_timeout",
    {"unknown key"}},
+  {"checkpoint_without_dir",
+   {},
+   "\n[checkpoint]\nevery = 5\n",
+   "checkpoint.dir",
+   {"missing"}},
+  {"checkpoint_keep_zero",
+   {},
+   "\n[checkpoint]\ndir = \"c\"\nkeep = 0\n",
+   "checkpoint.keep",
+   {"got 0"}},
   {"profile_not_a_table",
    {},
    "\n[profiles]\nacme = 1\n",

@@ -17,6 +17,8 @@ namespace h2::actors {
 /// - (update_atom, update_command) -> chip_update_report
 /// - (eval_atom, eval_command) -> chip_eval_report
 /// - (params_atom) -> std::vector<runtime::parameter_values>
+/// - (snapshot_atom) -> std::vector<runtime::layer_state>: host copies
+/// - (restore_atom, std::vector<runtime::layer_state>) -> bool: loads them
 /// Spawn with caf::detached.
 caf::behavior chip_actor(caf::event_based_actor* self,
                          runtime::worker_setup setup);

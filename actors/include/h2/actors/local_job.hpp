@@ -6,6 +6,7 @@
 #include "h2/core/cancellation.hpp"
 #include "h2/core/job.hpp"
 #include "h2/core/plan.hpp"
+#include "h2/runtime/checkpoint_files.hpp"
 #include "h2/runtime/observer.hpp"
 #include "h2/transport/channel.hpp"
 
@@ -25,9 +26,20 @@ void configure_actor_system(caf::actor_system_config& cfg);
 
 /// What to run.
 struct run_options {
+  run_options(int end_step = 1, bool collect = false)
+      : steps(end_step), collect_parameters(collect) {}
+
+  /// The step the run ends after (train.steps for a whole run; fewer to stop
+  /// early, as --stop-after does, without changing the schedule).
   int steps = 1;
   /// Keep a copy of every parameter at the end (parameters()).
   bool collect_parameters = false;
+  /// A checkpoint to continue (check_resumable passed): its state is loaded
+  /// into the chips and training starts at its step. Null: from scratch.
+  std::shared_ptr<const runtime::checkpoint> resume;
+  /// The job file's text, recorded in the manifest of every checkpoint the
+  /// run saves (the job's [checkpoint]).
+  std::string job_text;
 };
 
 class local_job {
@@ -40,10 +52,13 @@ public:
   local_job(const local_job&) = delete;
   local_job& operator=(const local_job&) = delete;
 
-  /// Trains opts.steps steps, reporting to `observer`, stopping early at a
-  /// step boundary once `*stop` is non-zero (`stop` may be null). Blocks.
-  /// Throws run_error with the root cause when a chip fails (every chip is
-  /// stopped and every resource released first).
+  /// Trains until opts.steps steps are done (from opts.resume's step, or
+  /// 0), reporting to `observer`, stopping early at a step boundary once
+  /// `*stop` is non-zero (`stop` may be null). With the job's [checkpoint],
+  /// saves every checkpoint.every steps and at the end (a stop included),
+  /// and returns once the last save is on disk. Blocks. Throws run_error
+  /// with the root cause when a chip fails (every chip is stopped and every
+  /// resource released first), runtime::checkpoint_error when a save fails.
   runtime::run_summary run(const run_options& opts,
                            runtime::training_observer& observer,
                            std::shared_ptr<std::atomic<int>> stop = nullptr);

@@ -1,5 +1,5 @@
 // How the runtime's plain structs (runtime/reports.hpp, step_summary.hpp,
-// observer.hpp, links.hpp) travel in CAF messages: their inspect()
+// observer.hpp, links.hpp, safetensors.hpp) travel in CAF messages: their inspect()
 // overloads, found by argument-dependent lookup, so the same messages can
 // cross nodes. The structs themselves know nothing of CAF.
 #pragma once
@@ -8,6 +8,7 @@
 #include "h2/runtime/links.hpp"
 #include "h2/runtime/observer.hpp"
 #include "h2/runtime/reports.hpp"
+#include "h2/runtime/safetensors.hpp"
 #include "h2/runtime/step_summary.hpp"
 #include "h2/transport/endpoint.hpp"
 
@@ -135,6 +136,17 @@ template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, link_assignment& x) {
   return f(caf::meta::type_name("link_assignment"), x.id, x.local, x.peer,
            x.peer_address, x.dial, x.backend);
+}
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, state_tensor& x) {
+  return f(caf::meta::type_name("state_tensor"), x.name, x.dtype, x.shape,
+           x.bytes);
+}
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, layer_state& x) {
+  return f(caf::meta::type_name("layer_state"), x.layer, x.tensors);
 }
 
 } // namespace h2::runtime

@@ -7,6 +7,7 @@
 #include "h2/actors/errors.hpp"
 #include "h2/core/job.hpp"
 #include "h2/core/plan.hpp"
+#include "h2/runtime/checkpointing.hpp"
 #include "h2/runtime/observer.hpp"
 
 #include <caf/actor.hpp>
@@ -27,6 +28,15 @@ struct run_context {
   runtime::training_observer* observer = nullptr; ///< outlives the run
   /// Set (to 1) to stop at the next step boundary.
   std::shared_ptr<std::atomic<int>> stop;
+  /// Steps already trained (a resumed run starts there).
+  int first_step = 0;
+  /// The state to load into the chips before the first step (a resumed
+  /// run), every layer of the model; null: the chips' initial weights.
+  std::shared_ptr<const std::vector<runtime::layer_state>> restore;
+  /// Saves checkpoints (the job's [checkpoint]); null: none.
+  std::shared_ptr<runtime::checkpoint_writer> checkpoints;
+  /// The job file's text, for checkpoint manifests.
+  std::string job_text;
 };
 
 /// How long one per-step request to a chip (set-up, step, update,
@@ -40,9 +50,12 @@ std::chrono::milliseconds step_timeout(const job_config& job);
 failure request_failure(const caf::error& e, const job_config& job,
                         const chip_id& chip);
 
-/// Spawns the scheduler actor. It answers (train_atom, int steps) with a
-/// runtime::run_summary, or with the root cause of a failure as an H2
-/// caf::error, after setting up every chip.
+/// Spawns the scheduler actor. After setting up every chip (and loading
+/// ctx->restore into them), it trains from ctx->first_step until `steps`
+/// steps are done or a stop, saving a checkpoint every checkpoint.every
+/// steps and at the end when ctx->checkpoints is set, and answers
+/// (train_atom, int steps) with a runtime::run_summary, or with the root
+/// cause of a failure as an H2 caf::error.
 caf::actor spawn_scheduler(caf::actor_system& system,
                            std::shared_ptr<run_context> ctx);
 

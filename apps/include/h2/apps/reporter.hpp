@@ -39,6 +39,7 @@ public:
                 const std::vector<runtime::setup_report>& chips) override;
   void on_step(const runtime::step_summary& s) override;
   void on_eval(int step, double val_loss) override;
+  void on_checkpoint(int steps, double waited_seconds) override;
 
   /// Prints the summary and writes the trace (if asked for).
   void finish(const runtime::run_summary& summary);

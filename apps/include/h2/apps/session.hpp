@@ -2,6 +2,7 @@
 // loading the job and the plan, the metrics endpoint, exporting the model.
 #pragma once
 
+#include "h2/runtime/checkpoint_files.hpp"
 #include "h2/runtime/reports.hpp"
 #include "h2/core/job.hpp"
 #include "h2/core/plan.hpp"
@@ -28,10 +29,12 @@ struct run_flags {
   int metrics_port = -1; ///< -1: metrics.port of the job
   bool no_metrics = false;
   bool quiet = false;
+  int stop_after = 0; ///< end cleanly after this step (0: train.steps)
+  std::string resume; ///< checkpoint directory, "latest" or "" (none)
 };
 
 /// Adds --steps, --json-log, --trace, --plan, --export, --metrics-port,
-/// --no-metrics and --quiet to `cli`.
+/// --no-metrics, --quiet, --stop-after and --resume to `cli`.
 void add_run_flags(CLI::App& cli, run_flags& flags);
 
 /// Parses `argv` into `cli` (a parse error is a config_error: one line,
@@ -47,6 +50,14 @@ std::shared_ptr<job_config> load_job(const std::string& path,
 
 /// The job file's text (the built-in demo's when `path` is empty).
 std::string job_text(const std::string& path);
+
+/// The checkpoint --resume names (a directory, or "latest": the newest
+/// complete one under checkpoint.dir, skipping incomplete ones with a
+/// line each), read and checked against `job`; null without --resume.
+/// Throws config_error naming --resume or the key that may not change
+/// (exit 2), also for a damaged checkpoint (its checkpoint_error's text).
+std::shared_ptr<const runtime::checkpoint> resume_from(const run_flags& flags,
+                                                       const job_config& job);
 
 /// The plan a run trains, and HeteroAuto's prediction when it made it.
 struct chosen_plan {

@@ -152,6 +152,14 @@ struct runtime_config {
   double step_timeout_seconds = 600;
 };
 
+/// [checkpoint]: where and how often the job saves its training state
+/// (docs/checkpoints.md). Without the table, nothing is saved.
+struct checkpoint_config {
+  std::string dir; ///< root of the step-NNNNNNNN directories; "" = off
+  int every = 0;   ///< save every this many steps (0: only at the end)
+  int keep = 3;    ///< complete checkpoints kept (older ones are removed)
+};
+
 struct security_config {
   /// The job's secret (a token file every node reads); required when the
   /// job runs in several processes.
@@ -172,6 +180,7 @@ struct job_config {
   metrics_config metrics;
   transport_config transport;
   runtime_config runtime;
+  checkpoint_config checkpoint;
   security_config security;
   topology_config topology; ///< [topology]: link tiers (core/topology.hpp)
   catalog profiles;         ///< built-in profiles plus the job's [profiles.*]

@@ -38,6 +38,11 @@ public:
 
   /// A validation pass after step `step` (0-based) finished.
   virtual void on_eval(int step, double val_loss) {}
+
+  /// The state after `steps` completed steps was snapshotted and handed to
+  /// the checkpoint writer, which had kept the run waiting
+  /// `waited_seconds` for its previous write.
+  virtual void on_checkpoint(int steps, double waited_seconds) {}
 };
 
 /// Keeps every step summary and validation loss (tests, benchmarks, tools).
