@@ -72,15 +72,16 @@ runtime::run_summary local_job::run(const run_options& opts,
   ctx->the_plan = plan_;
   ctx->observer = &observer;
   ctx->stop = std::move(stop);
-  ctx->job_text = opts.job_text;
   if (opts.resume) {
     ctx->first_step = static_cast<int>(opts.resume->manifest.step);
     ctx->restore = std::shared_ptr<const std::vector<runtime::layer_state>>(
       opts.resume, &opts.resume->layers);
   }
-  if (!job_->checkpoint.dir.empty())
+  if (!job_->checkpoint.dir.empty()) {
+    ctx->manifest = runtime::job_manifest(*job_, plan_, opts.job_text);
     ctx->checkpoints = std::make_shared<runtime::checkpoint_writer>(
       job_->checkpoint.dir, job_->checkpoint.keep);
+  }
 
   // Every chip runs in this process: every node rank maps to it, so every
   // pair of chips is joined in-process.

@@ -91,8 +91,7 @@ template <class Then>
 void save_checkpoint(self_ptr self, Then then) {
   auto& st = self->state;
   auto& ctx = *st.ctx;
-  if (!ctx.checkpoints || ctx.checkpoints->last_step() == st.step ||
-      st.step == st.saved_step) {
+  if (!ctx.checkpoints || st.step == st.saved_step) {
     then();
     return;
   }
@@ -108,8 +107,8 @@ void save_checkpoint(self_ptr self, Then then) {
         for (auto& l : chip)
           layers.push_back(std::move(l));
       try {
-        auto manifest = runtime::job_manifest(*ctx.job, ctx.the_plan, st.step,
-                                              ctx.job_text);
+        auto manifest = ctx.manifest;
+        manifest.step = st.step;
         const double waited =
           ctx.checkpoints->save(std::move(manifest), std::move(layers));
         if (ctx.observer != nullptr)

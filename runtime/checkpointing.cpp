@@ -52,10 +52,8 @@ void same(const std::string& key, const T& saved, const T& now,
 } // namespace
 
 checkpoint_manifest job_manifest(const job_config& job, const plan& p,
-                                 std::int64_t step,
                                  const std::string& job_text) {
   checkpoint_manifest m;
-  m.step = step;
   const auto& g = job.model;
   m.model = {{"vocab_size", g.vocab_size}, {"seq_len", g.seq_len},
              {"d_model", g.d_model},       {"n_head", g.n_head},
@@ -63,7 +61,6 @@ checkpoint_manifest job_manifest(const job_config& job, const plan& p,
              {"layers", g.num_layers()},   {"tied_embeddings", false}};
   const auto& t = job.train;
   m.optimizer = {{"kind", "adamw"},
-                 {"step", step},
                  {"global_batch", t.global_batch},
                  {"lr", t.lr},
                  {"min_lr", t.min_lr},
@@ -163,11 +160,6 @@ void checkpoint_writer::finish() {
     std::rethrow_exception(std::exchange(error_, nullptr));
 }
 
-std::int64_t checkpoint_writer::last_step() const {
-  std::lock_guard<std::mutex> lock(mutex_);
-  return last_step_;
-}
-
 void checkpoint_writer::run() {
   std::unique_lock<std::mutex> lock(mutex_);
   for (;;) {
@@ -178,7 +170,6 @@ void checkpoint_writer::run() {
     auto layers = std::move(next_layers_);
     lock.unlock();
     std::exception_ptr failed;
-    const auto step = manifest.step;
     try {
       write_checkpoint(root_, std::move(manifest), layers);
       prune_checkpoints(root_, keep_);
@@ -189,8 +180,6 @@ void checkpoint_writer::run() {
     lock.lock();
     if (failed)
       error_ = failed;
-    else
-      last_step_ = step;
     busy_ = false;
     changed_.notify_all();
   }

@@ -3,14 +3,11 @@
 
 namespace h2::actors {
 
-struct op_record;
-struct chip_step_report;
-struct chip_update_report;
-struct chip_eval_report;
-struct setup_report;
-struct step_summary;
-class stage_worker;
-struct worker_setup;
-class training_observer;
+struct run_options;
+struct run_context;
+struct node_options;
+struct node_outcome;
+class local_job;
+class cluster_node;
 
 } // namespace h2::actors

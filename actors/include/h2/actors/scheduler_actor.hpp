@@ -35,8 +35,9 @@ struct run_context {
   std::shared_ptr<const std::vector<runtime::layer_state>> restore;
   /// Saves checkpoints (the job's [checkpoint]); null: none.
   std::shared_ptr<runtime::checkpoint_writer> checkpoints;
-  /// The job file's text, for checkpoint manifests.
-  std::string job_text;
+  /// What every checkpoint's manifest says of the job (runtime::
+  /// job_manifest, made once per run); the saver sets its step.
+  runtime::checkpoint_manifest manifest;
 };
 
 /// How long one per-step request to a chip (set-up, step, update,

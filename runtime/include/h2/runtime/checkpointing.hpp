@@ -19,12 +19,12 @@
 
 namespace h2::runtime {
 
-/// The manifest of `job` after `step` completed steps under `p` (files are
+/// The manifest of `job` under `p` (the saver sets its step; files are
 /// filled by write_checkpoint): model shape, optimizer and schedule keys,
 /// seed, a CRC32C of each token file, the plan and the job file's text.
-/// Throws checkpoint_error(io) when a token file cannot be read.
+/// Hashes the token files: make it once per run. Throws
+/// checkpoint_error(io) when a token file cannot be read.
 checkpoint_manifest job_manifest(const job_config& job, const plan& p,
-                                 std::int64_t step,
                                  const std::string& job_text);
 
 /// Checks that the checkpoint described by `saved` continues `job`: the
@@ -58,9 +58,6 @@ public:
   /// Waits until nothing is being written; rethrows a write's error.
   void finish();
 
-  /// Step of the newest checkpoint this writer completed (-1: none).
-  std::int64_t last_step() const;
-
 private:
   void run();
 
@@ -70,7 +67,6 @@ private:
   std::condition_variable changed_;
   bool busy_ = false;
   bool stopping_ = false;
-  std::int64_t last_step_ = -1;
   std::exception_ptr error_;
   checkpoint_manifest next_manifest_;
   std::vector<layer_state> next_layers_;
