@@ -8,12 +8,14 @@ BUILD_TYPE ?= Release
 JOBS       ?= 2
 CTEST_ARGS ?=
 
-# Everything the build, the tests and the demo need, from Debian 12.
+# Everything the build, the tests and the demo need, from Debian 12
+# (python3-torch and python3-numpy: tests/python, docs/export.md).
 DEB_PACKAGES := \
   cmake g++ make pkg-config \
   libcaf-dev libtorch-dev libopenblas0-openmp \
   libasio-dev libtomlplusplus-dev nlohmann-json3-dev libcli11-dev libssl-dev \
   libgtest-dev libgmock-dev libbenchmark-dev libgloo-dev \
+  python3-torch python3-numpy \
   libibverbs-dev librdmacm-dev libamdhip64-dev \
   prometheus iproute2 procps
 

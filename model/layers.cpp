@@ -120,8 +120,9 @@ public:
   }
 
   at::Tensor forward(const at::Tensor& x, const micro_batch&) override {
-    auto h = x + attention(at::layer_norm(x, {d_model_}, ln1_w_, ln1_b_));
-    auto m = at::layer_norm(h, {d_model_}, ln2_w_, ln2_b_);
+    auto h = x + attention(at::layer_norm(x, {d_model_}, ln1_w_, ln1_b_,
+                                          layer_norm_eps));
+    auto m = at::layer_norm(h, {d_model_}, ln2_w_, ln2_b_, layer_norm_eps);
     m = at::linear(at::gelu(at::linear(m, fc1_w_, fc1_b_)), fc2_w_, fc2_b_);
     return h + m;
   }
@@ -171,13 +172,17 @@ public:
 
   at::Tensor forward(const at::Tensor& x, const micro_batch& mb) override {
     H2_ENFORCE(mb.targets.defined(), "head needs targets");
-    auto logits =
-      at::linear(at::layer_norm(x, {d_model_}, ln_w_, ln_b_), lm_w_);
+    auto logits = this->logits(x);
     // The loss in fp32 whatever the chip's dtype.
     auto loss =
       at::cross_entropy_loss(logits.reshape({-1, vocab_}).to(at::kFloat),
                              mb.targets.reshape({-1}), {}, at::Reduction::Sum);
     return loss * mb.loss_scale;
+  }
+
+  at::Tensor logits(const at::Tensor& x) const {
+    return at::linear(
+      at::layer_norm(x, {d_model_}, ln_w_, ln_b_, layer_norm_eps), lm_w_);
   }
 
 private:
@@ -186,6 +191,13 @@ private:
 };
 
 } // namespace
+
+at::Tensor head_logits(const layer& head, const at::Tensor& input) {
+  const auto* h = dynamic_cast<const head_layer*>(&head);
+  H2_ENFORCE(h != nullptr, "head_logits of layer ", head.index(), ", a ",
+             to_string(head.kind()));
+  return h->logits(input);
+}
 
 std::unique_ptr<layer> make_layer(const gpt_config& cfg, int index,
                                   std::uint64_t seed) {

@@ -179,6 +179,14 @@ TEST(model_stage, last_stage_loss_is_the_cross_entropy_of_the_logits) {
   // loss_scale multiplies the summed token losses.
   mb.loss_scale = 1.0;
   EXPECT_NEAR(head.forward(x, mb).item<double>(), sum, 1e-5);
+
+  // head_logits, the logits h2-export --logits writes (docs/export.md), are
+  // these logits, bit for bit; only the head has them.
+  at::Tensor direct = head_logits(*head.layers()[0], x);
+  EXPECT_EQ(direct.sizes(), (at::IntArrayRef{b, c.seq_len, c.vocab_size}));
+  EXPECT_TRUE(at::equal(direct.reshape({-1, c.vocab_size}).to(at::kDouble),
+                        logits));
+  EXPECT_THROW(head_logits(*body.layers()[1], x), internal_error);
 }
 
 TEST(model_stage, fresh_model_loss_is_close_to_ln_vocab) {

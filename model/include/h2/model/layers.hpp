@@ -67,6 +67,17 @@ private:
   std::vector<parameter> params_;
 };
 
+/// The epsilon of every LayerNorm of the GPT (the blocks' ln1 and ln2, the
+/// head's ln_f): PyTorch's default, stated for exports (docs/export.md).
+inline constexpr double layer_norm_eps = 1e-5;
+
+/// The logits the head computes its loss from: final LayerNorm, then the LM
+/// head (no bias); [B, T, d] -> [B, T, vocab] in `input`'s dtype. `head`
+/// must be the head layer (else h2::internal_error). For tools and tests
+/// that check H2's forward pass against another implementation
+/// (docs/export.md).
+at::Tensor head_logits(const layer& head, const at::Tensor& input);
+
 /// Builds global layer `index` of `cfg` with weights drawn from
 /// (seed, index). Tensors are allocated on the calling thread (and so are
 /// charged to the chip bound to it).

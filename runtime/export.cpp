@@ -1,0 +1,138 @@
+// A checkpoint's model for other frameworks (docs/export.md).
+#include "h2/runtime/export.hpp"
+
+#include "h2/core/error.hpp"
+#include "h2/core/job.hpp"
+#include "h2/model/layers.hpp"
+#include "h2/runtime/stage_state.hpp"
+
+#include <ATen/core/grad_mode.h>
+#include <ATen/ops/from_blob.h>
+
+#include <cstring>
+
+namespace h2::runtime {
+
+namespace {
+
+/// The job the manifest records, or checkpoint_error(corrupt) naming it.
+job_config recorded_job(const checkpoint_manifest& manifest,
+                        const std::filesystem::path& manifest_path) {
+  try {
+    return parse_job(manifest.job_toml, "job_toml");
+  } catch (const config_error& e) {
+    throw checkpoint_error(checkpoint_errc::corrupt, manifest_path,
+                           std::string("the job it records does not parse: ") +
+                             e.what());
+  }
+}
+
+/// `e`'s message without the "<kind>: " its what() starts with (an error
+/// that names no file).
+std::string message_of(const checkpoint_error& e) {
+  std::string what = e.what();
+  const std::string prefix = std::string(to_string(e.kind())) + ": ";
+  return what.starts_with(prefix) ? what.substr(prefix.size()) : what;
+}
+
+} // namespace
+
+checkpoint_model::checkpoint_model(const checkpoint& c,
+                                   const std::filesystem::path& dir)
+    : step_(c.manifest.step) {
+  const auto manifest_path = dir / manifest_file_name;
+  const job_config job = recorded_job(c.manifest, manifest_path);
+  job_name_ = job.name;
+  config_ = job.model;
+  if (static_cast<int>(c.layers.size()) != config_.num_layers() ||
+      c.manifest.files.size() != c.layers.size())
+    throw checkpoint_error(
+      checkpoint_errc::mismatch, manifest_path,
+      std::to_string(c.layers.size()) + " layer files for a model of " +
+        std::to_string(config_.num_layers()) + " layers (its job_toml)");
+  for (std::size_t i = 0; i < c.layers.size(); ++i) {
+    auto l = model::make_layer(config_, static_cast<int>(i), c.manifest.seed);
+    try {
+      restore_layer(*l, c.layers[i]);
+    } catch (const checkpoint_error& e) {
+      // restore_layer names the layer, not its file.
+      throw checkpoint_error(e.kind(), dir / c.manifest.files[i].file,
+                             message_of(e));
+    }
+    layers_.push_back(std::move(l));
+  }
+}
+
+checkpoint_model::~checkpoint_model() = default;
+
+std::vector<parameter_values> checkpoint_model::weights() const {
+  std::vector<parameter_values> out;
+  for (const auto& l : layers_)
+    for (const auto& p : l->parameters()) {
+      const auto t = p.value.detach().contiguous();
+      const float* data = t.data_ptr<float>();
+      out.push_back(
+        {p.name, t.sizes().vec(), std::vector<float>(data, data + t.numel())});
+    }
+  return out;
+}
+
+std::vector<float>
+checkpoint_model::logits(std::span<const std::int32_t> tokens) const {
+  const std::int64_t t = config_.seq_len;
+  H2_ENFORCE(!tokens.empty() && tokens.size() % t == 0, tokens.size(),
+             " tokens are not whole sequences of ", t);
+  for (auto id : tokens)
+    H2_ENFORCE(id >= 0 && id < config_.vocab_size, "token id ", id,
+               " outside the vocabulary of ", config_.vocab_size);
+  const std::int64_t b = static_cast<std::int64_t>(tokens.size()) / t;
+  at::NoGradGuard no_grad;
+  model::micro_batch mb;
+  mb.tokens = at::from_blob(const_cast<std::int32_t*>(tokens.data()), {b, t},
+                            at::TensorOptions(at::kInt))
+                .to(at::kLong);
+  // The embedding ignores its input; the head's loss is not wanted: the
+  // blocks' output goes to the head's logits instead.
+  at::Tensor x;
+  for (std::size_t i = 0; i + 1 < layers_.size(); ++i)
+    x = layers_[i]->forward(x, mb);
+  const auto out =
+    model::head_logits(*layers_.back(), x).to(at::kFloat).contiguous();
+  const float* data = out.data_ptr<float>();
+  return {data, data + out.numel()};
+}
+
+nlohmann::json export_config(const checkpoint_model& m,
+                             const std::string& weights_file) {
+  const auto& g = m.config();
+  return {
+    {"format", "h2-export"},
+    {"format_version", 1},
+    {"producer", "h2"},
+    {"job", m.job_name()},
+    {"step", m.step()},
+    {"weights", weights_file},
+    {"dtype", "float32"},
+    {"architecture", "gpt"},
+    {"vocab_size", g.vocab_size},
+    {"seq_len", g.seq_len},
+    {"d_model", g.d_model},
+    {"n_head", g.n_head},
+    {"head_dim", g.d_model / g.n_head},
+    {"n_layer", g.n_layer},
+    {"d_ff", g.d_ff},
+    {"parameters", model_parameters(g)},
+    {"tied_embeddings", false},
+    {"position_embedding", "learned"},
+    {"norm", "pre"},
+    {"layer_norm_eps", model::layer_norm_eps},
+    {"bias", true},
+    {"lm_head_bias", false},
+    {"activation", "gelu"},
+    {"gelu_approximate", "none"},
+    {"attention", "causal"},
+    {"dropout", 0.0},
+  };
+}
+
+} // namespace h2::runtime
