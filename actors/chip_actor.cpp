@@ -4,12 +4,16 @@
 #include "h2/actors/errors.hpp"
 #include "h2/actors/messages.hpp"
 
+#include <caf/actor_cast.hpp>
+#include <caf/send.hpp>
+
 namespace h2::actors {
 
 namespace {
 
 struct chip_state {
   runtime::worker_setup setup;
+  chip_options options;
   std::unique_ptr<runtime::stage_worker> worker;
 
   void close_channels() noexcept { setup.close_channels(); }
@@ -30,9 +34,11 @@ struct chip_state {
 
 } // namespace
 
-caf::behavior chip_actor(caf::event_based_actor* self, runtime::worker_setup setup) {
+caf::behavior chip_actor(caf::event_based_actor* self,
+                         runtime::worker_setup setup, chip_options options) {
   auto state = std::make_shared<chip_state>();
   state->setup = std::move(setup);
+  state->options = std::move(options);
   self->attach_functor([state] {
     // The actor is gone: free the stage and wake neighbours still waiting.
     state->close_channels();
@@ -42,6 +48,10 @@ caf::behavior chip_actor(caf::event_based_actor* self, runtime::worker_setup set
     [state](setup_atom) -> caf::result<runtime::setup_report> {
       try {
         state->worker = std::make_unique<runtime::stage_worker>(state->setup);
+        if (!state->options.restore.empty()) {
+          state->worker->restore(state->options.restore);
+          state->options.restore = {}; // the host copies go
+        }
         return state->worker->ready_report();
       } catch (...) {
         state->close_channels();
@@ -64,14 +74,22 @@ caf::behavior chip_actor(caf::event_based_actor* self, runtime::worker_setup set
       return state->with_worker(
         [&](runtime::stage_worker& w) { return w.parameters(); });
     },
-    [state](snapshot_atom) {
-      return state->with_worker(
-        [&](runtime::stage_worker& w) { return w.snapshot(); });
-    },
-    [state](restore_atom, const std::vector<runtime::layer_state>& states) {
+    [self, state](snapshot_atom, std::int64_t step) {
       return state->with_worker([&](runtime::stage_worker& w) {
-        w.restore(states);
-        return true;
+        H2_ENFORCE(state->options.writer != nullptr, "chip ",
+                   state->setup.chip->id.to_string(),
+                   " has no checkpoint writer");
+        auto layers = w.snapshot();
+        const auto count = static_cast<std::int32_t>(layers.size());
+        auto to = caf::actor_cast<caf::actor>(self->current_sender());
+        state->options.writer->write_layers(
+          step, std::move(layers),
+          [to, step](std::vector<runtime::file_record> files,
+                     std::exception_ptr failed) {
+            caf::anon_send(to, written_atom::value, step, std::move(files),
+                           failed ? exception_error(failed) : caf::error{});
+          });
+        return count;
       });
     },
   };

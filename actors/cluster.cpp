@@ -65,13 +65,18 @@ node_outcome cluster_node::run() {
   eo.rdma_ring_bytes = job.transport.rdma_ring_bytes;
   eo.backends = transport::available_backends();
   shared_->endpoint = std::make_unique<transport::endpoint>(eo);
+  if (!job.checkpoint.dir.empty())
+    shared_->writer = std::make_shared<runtime::checkpoint_writer>(
+      job.checkpoint.dir, job.checkpoint.keep);
 
   caf::scoped_actor self{system};
   const std::string where =
     options_.coordinator_host + ":" + std::to_string(options_.coordinator_port);
   caf::actor coordinator;
-  if (options_.rank == 0) {
-    coordinator = spawn_coordinator(system, options_, caf::actor{self});
+  const bool leads = options_.rank == options_.coordinator_rank;
+  if (leads) {
+    coordinator =
+      spawn_coordinator(system, options_, caf::actor{self}, shared_->writer);
     auto port =
       system.middleman().publish(coordinator, options_.coordinator_port,
                                  options_.coordinator_host.c_str(), true);
@@ -106,7 +111,8 @@ node_outcome cluster_node::run() {
   nctx.shared = shared_;
   nctx.coordinator = coordinator;
   nctx.waiter = caf::actor{self};
-  nctx.observer = options_.rank == 0 ? nullptr : options_.observer;
+  nctx.coordinator_rank = options_.coordinator_rank;
+  nctx.observer = leads ? nullptr : options_.observer;
   auto node = spawn_node_actor(system, nctx);
 
   // Join: prove the secret against a fresh nonce.
@@ -134,7 +140,7 @@ node_outcome cluster_node::run() {
   }
   if (refused) {
     self->send_exit(node, caf::exit_reason::user_shutdown);
-    if (options_.rank == 0)
+    if (leads)
       self->send_exit(coordinator, caf::exit_reason::user_shutdown);
     shared_->close_all();
     throw run_error(*refused);
@@ -150,7 +156,7 @@ node_outcome cluster_node::run() {
       beat->send(coordinator, heartbeat_atom::value,
                  static_cast<std::int32_t>(options_.rank));
       if (!stop_sent && options_.stop && options_.stop->load() != 0 &&
-          options_.rank != 0) {
+          !leads) {
         beat->send(coordinator, stop_atom::value);
         stop_sent = true;
       }
@@ -162,16 +168,20 @@ node_outcome cluster_node::run() {
     }
   });
 
-  // The end: from the node actor (every rank) and the coordinator (rank 0).
+  // The end: from the node actor (every rank) and the coordinator.
   node_outcome outcome;
   std::optional<failure> failed;
-  int ends = options_.rank == 0 ? 2 : 1;
+  int ends = leads ? 2 : 1;
   for (int i = 0; i < ends; ++i)
     self->receive([&](done_atom, caf::error& e, runtime::run_summary& s,
                       std::vector<runtime::parameter_values>& params) {
       if (e) {
-        if (!failed)
+        if (!failed) {
           failed = to_failure(e);
+          // Ends this node's work now: its node actor may be blocked
+          // wiring channels to a node that already failed.
+          shared_->close_all();
+        }
       } else if (!params.empty() || s.steps > 0) {
         outcome.summary = s;
         outcome.parameters = std::move(params);
@@ -180,6 +190,8 @@ node_outcome cluster_node::run() {
   beating.store(false);
   heart.join();
   shared_->close_all();
+  if (shared_->writer)
+    shared_->writer->close(); // before the actors its callbacks talk to go
   if (failed)
     throw run_error(*failed);
   return outcome;

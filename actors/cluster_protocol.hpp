@@ -8,6 +8,7 @@
 
 #include "h2/actors/cluster.hpp"
 #include "h2/actors/messages.hpp"
+#include "h2/runtime/checkpointing.hpp"
 #include "h2/runtime/links.hpp"
 #include "h2/transport/endpoint.hpp"
 
@@ -49,12 +50,20 @@ struct node_assignment {
   /// The run's clock origin, nanoseconds of the system clock since its
   /// epoch (every node maps it onto its own steady clock).
   std::int64_t origin_system_ns = 0;
+  /// With [checkpoint]: what rank 0 wrote into checkpoint.dir's marker
+  /// file; every node must read the same (runtime::check_checkpoint_marker).
+  std::string checkpoint_marker;
+  /// A resumed run: the checkpoint every node loads its chips' layers from,
+  /// and its step (checked against its manifest). Empty: from scratch.
+  std::string resume_dir;
+  std::int64_t resume_step = 0;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, node_assignment& x) {
   return f(caf::meta::type_name("node_assignment"), x.plan_json, x.links,
-           x.origin_system_ns);
+           x.origin_system_ns, x.checkpoint_marker, x.resume_dir,
+           x.resume_step);
 }
 
 /// A node's chip actors, ready.
@@ -84,6 +93,8 @@ std::string chips_of(const job_config& job, int rank);
 struct node_shared {
   std::shared_ptr<cancellation> cancel;
   std::unique_ptr<transport::endpoint> endpoint;
+  /// This node's checkpoint writer (the job's [checkpoint]); null: none.
+  std::shared_ptr<runtime::checkpoint_writer> writer;
   std::mutex mutex;
   std::vector<std::shared_ptr<transport::channel>> channels;
 
@@ -92,9 +103,13 @@ struct node_shared {
     channels.push_back(std::move(ch));
   }
 
-  /// Ends this node's work: waits end, channels close, no more accepts.
+  /// Ends this node's work: waits end, channels close, no more accepts, a
+  /// checkpoint being written is abandoned (the previous one stays the
+  /// latest).
   void close_all() noexcept {
     cancel->cancel();
+    if (writer)
+      writer->abandon();
     std::lock_guard<std::mutex> guard(mutex);
     for (auto& ch : channels)
       ch->close();
@@ -107,6 +122,7 @@ struct node_shared {
 struct node_context {
   std::shared_ptr<const job_config> job;
   int rank = 0;
+  int coordinator_rank = 0;
   std::shared_ptr<node_shared> shared;
   caf::actor coordinator;
   caf::actor waiter; ///< the node's main thread
@@ -121,8 +137,11 @@ caf::actor spawn_node_actor(caf::actor_system& system, node_context ctx);
 
 /// Spawns the coordinator (rank 0). It answers hello (a nonce) and join
 /// (admission), starts the job once every rank joined, and tells `waiter`
-/// (done_atom, error, run_summary, parameters) at the job's end.
-caf::actor spawn_coordinator(caf::actor_system& system, node_options options,
-                             caf::actor waiter);
+/// (done_atom, error, run_summary, parameters) at the job's end. `writer`
+/// (rank 0's, null without [checkpoint]) publishes the checkpoints.
+caf::actor
+spawn_coordinator(caf::actor_system& system, node_options options,
+                  caf::actor waiter,
+                  std::shared_ptr<runtime::checkpoint_writer> writer);
 
 } // namespace h2::actors

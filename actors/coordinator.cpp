@@ -14,6 +14,7 @@
 #include <caf/send.hpp>
 #include <caf/stateful_actor.hpp>
 
+#include <algorithm>
 #include <map>
 
 namespace h2::actors {
@@ -62,6 +63,7 @@ struct member {
 struct coordinator_state {
   node_options options;
   caf::actor waiter;
+  std::shared_ptr<runtime::checkpoint_writer> writer;
   std::map<int, std::string> nonces;
   std::map<int, member> members;
   std::shared_ptr<run_context> ctx;
@@ -134,7 +136,7 @@ void train(coordinator_self self) {
   auto& st = self->state;
   std::vector<caf::actor> others;
   for (auto& [rank, m] : st.members)
-    if (rank != 0)
+    if (rank != st.options.rank)
       others.push_back(m.node);
   st.observer = std::make_unique<broadcast_observer>(st.options.observer,
                                                      std::move(others));
@@ -200,12 +202,32 @@ void start_job(coordinator_self self) {
   st.ctx = std::make_shared<run_context>();
   st.ctx->job = st.options.job;
   st.ctx->the_plan = p;
+  std::string marker;
+  const auto& resume = st.options.run.resume;
+  if (resume)
+    st.ctx->first_step = static_cast<int>(resume->manifest.step);
+  if (st.writer) {
+    try {
+      marker = runtime::write_checkpoint_marker(job.checkpoint.dir);
+      st.ctx->manifest =
+        runtime::job_manifest(job, p, st.options.run.job_text);
+    } catch (const std::exception& e) {
+      fail_job(self, errc::checkpoint, e.what());
+      return;
+    }
+    st.ctx->checkpoints = st.writer;
+  }
   auto pending = std::make_shared<std::size_t>(st.members.size());
   auto actors = std::make_shared<std::map<chip_id, caf::actor>>();
   for (auto& [rank, m] : st.members) {
     auto& a = assignments[rank];
     a.plan_json = to_json(p, -1);
     a.origin_system_ns = origin;
+    a.checkpoint_marker = marker;
+    if (resume) {
+      a.resume_dir = resume->dir.string();
+      a.resume_step = resume->manifest.step;
+    }
     self->request(m.node, std::chrono::minutes(5), assign_atom::value, a)
       .then(
         [self, pending, actors](node_ready& r) {
@@ -227,10 +249,13 @@ void start_job(coordinator_self self) {
   }
 }
 
-caf::behavior coordinator_actor(coordinator_self self, node_options options,
-                                caf::actor waiter) {
+caf::behavior
+coordinator_actor(coordinator_self self, node_options options,
+                  caf::actor waiter,
+                  std::shared_ptr<runtime::checkpoint_writer> writer) {
   self->state.options = std::move(options);
   self->state.waiter = std::move(waiter);
+  self->state.writer = std::move(writer);
   self->set_down_handler([self](caf::down_msg& m) {
     for (auto& [rank, mem] : self->state.members)
       if (m.source == mem.node.address()) {
@@ -245,11 +270,13 @@ caf::behavior coordinator_actor(coordinator_self self, node_options options,
   return {
     [self](hello_atom, std::int32_t rank) -> caf::result<std::string> {
       auto& st = self->state;
-      if (rank < 0 || rank >= st.options.world_size)
+      const auto& nodes = st.options.job->nodes;
+      if (std::none_of(nodes.begin(), nodes.end(),
+                       [rank](const node_spec& n) { return n.rank == rank; }))
         return make_error(errc::bad_config,
                           "node rank " + std::to_string(rank) +
-                            " is outside the job's " +
-                            std::to_string(st.options.world_size) + " nodes");
+                            " is not one of the job's " +
+                            std::to_string(nodes.size()) + " nodes");
       if (st.members.count(rank) != 0)
         return make_error(errc::bad_config,
                           "node " + std::to_string(rank) + " joined twice");
@@ -296,8 +323,9 @@ caf::behavior coordinator_actor(coordinator_self self, node_options options,
         return;
       auto now = std::chrono::steady_clock::now();
       for (auto& [rank, m] : st.members)
-        if (rank != 0)
-          self->send(m.node, heartbeat_atom::value, std::int32_t{0});
+        if (rank != st.options.rank)
+          self->send(m.node, heartbeat_atom::value,
+                     static_cast<std::int32_t>(st.options.rank));
       for (auto& [rank, m] : st.members)
         if (now - m.seen > heartbeat_timeout) {
           fail_job(self, errc::peer_lost,
@@ -314,9 +342,12 @@ caf::behavior coordinator_actor(coordinator_self self, node_options options,
 
 } // namespace
 
-caf::actor spawn_coordinator(caf::actor_system& system, node_options options,
-                             caf::actor waiter) {
-  return system.spawn(coordinator_actor, std::move(options), std::move(waiter));
+caf::actor
+spawn_coordinator(caf::actor_system& system, node_options options,
+                  caf::actor waiter,
+                  std::shared_ptr<runtime::checkpoint_writer> writer) {
+  return system.spawn(coordinator_actor, std::move(options), std::move(waiter),
+                      std::move(writer));
 }
 
 } // namespace h2::actors

@@ -1,5 +1,7 @@
 #include "h2/actors/errors.hpp"
 
+#include "h2/runtime/safetensors.hpp"
+
 #include <caf/make_message.hpp>
 #include <caf/message.hpp>
 
@@ -31,6 +33,8 @@ std::string_view to_string(errc code) noexcept {
       return "failed";
     case errc::step_timeout:
       return "step timeout";
+    case errc::checkpoint:
+      return "checkpoint";
   }
   return "unknown";
 }
@@ -75,6 +79,8 @@ caf::error current_exception_error() {
     return make_error(errc::cancelled, e.what());
   } catch (const internal_error& e) {
     return make_error(errc::internal, e.what());
+  } catch (const runtime::checkpoint_error& e) {
+    return make_error(errc::checkpoint, e.what());
   } catch (const std::exception& e) {
     return make_error(errc::failed, e.what());
   } catch (...) {

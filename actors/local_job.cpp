@@ -31,6 +31,9 @@ void configure_actor_system(caf::actor_system_config& cfg) {
   cfg.add_message_type<state_tensor>("h2.state_tensor");
   cfg.add_message_type<layer_state>("h2.layer_state");
   cfg.add_message_type<std::vector<layer_state>>("h2.layer_states");
+  cfg.add_message_type<tensor_record>("h2.tensor_record");
+  cfg.add_message_type<file_record>("h2.file_record");
+  cfg.add_message_type<std::vector<file_record>>("h2.file_records");
   cfg.add_error_category(error_category, render_error);
   // Chips run on threads of their own (detached); CAF's scheduler threads
   // only carry light work and must not busy-poll the cores the chips
@@ -57,6 +60,8 @@ void local_job::abort() noexcept {
   std::lock_guard<std::mutex> guard(mutex_);
   for (auto& ch : channels_)
     ch->close();
+  if (writer_)
+    writer_->abandon(); // the previous checkpoint stays the latest
 }
 
 runtime::run_summary local_job::run(const run_options& opts,
@@ -72,15 +77,14 @@ runtime::run_summary local_job::run(const run_options& opts,
   ctx->the_plan = plan_;
   ctx->observer = &observer;
   ctx->stop = std::move(stop);
-  if (opts.resume) {
+  if (opts.resume)
     ctx->first_step = static_cast<int>(opts.resume->manifest.step);
-    ctx->restore = std::shared_ptr<const std::vector<runtime::layer_state>>(
-      opts.resume, &opts.resume->layers);
-  }
   if (!job_->checkpoint.dir.empty()) {
     ctx->manifest = runtime::job_manifest(*job_, plan_, opts.job_text);
     ctx->checkpoints = std::make_shared<runtime::checkpoint_writer>(
       job_->checkpoint.dir, job_->checkpoint.keep);
+    std::lock_guard<std::mutex> guard(mutex_);
+    writer_ = ctx->checkpoints;
   }
 
   // Every chip runs in this process: every node rank maps to it, so every
@@ -95,8 +99,16 @@ runtime::run_summary local_job::run(const run_options& opts,
                            std::lock_guard<std::mutex> guard(mutex_);
                            channels_.push_back(ch);
                          });
-  for (auto& w : setups)
-    ctx->chips.push_back(system.spawn<caf::detached>(chip_actor, std::move(w)));
+  for (auto& w : setups) {
+    chip_options co;
+    co.writer = ctx->checkpoints;
+    if (opts.resume)
+      for (int l = w.assignment.first_layer; l < w.assignment.end_layer; ++l)
+        co.restore.push_back(
+          opts.resume->layers.at(static_cast<std::size_t>(l)));
+    ctx->chips.push_back(system.spawn<caf::detached>(chip_actor, std::move(w),
+                                                     std::move(co)));
+  }
 
   auto sched = spawn_scheduler(system, ctx);
   std::optional<runtime::run_summary> result;
@@ -131,6 +143,16 @@ runtime::run_summary local_job::run(const run_options& opts,
       self->send_exit(chip, caf::exit_reason::user_shutdown);
     self->send_exit(sched, caf::exit_reason::user_shutdown);
   }
+  // A failed run's save in progress is given up; a finished run's is on
+  // disk already (the scheduler answers once it is). Either way the writer
+  // stops before the actors its callbacks talk to go away.
+  if (ctx->checkpoints) {
+    if (failed)
+      ctx->checkpoints->abandon();
+    ctx->checkpoints->close();
+    std::lock_guard<std::mutex> guard(mutex_);
+    writer_.reset();
+  }
   // Chips still at work on a failed run (a step past its timeout, say) stop:
   // their waits end and their op loops throw. Chips blocked in a channel
   // wait end it when their channels close.
@@ -145,8 +167,6 @@ runtime::run_summary local_job::run(const run_options& opts,
   ctx->chips.clear();
   if (failed)
     throw run_error(*failed);
-  if (ctx->checkpoints)
-    ctx->checkpoints->finish(); // the last save is on disk
   return *result;
 }
 

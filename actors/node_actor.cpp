@@ -27,11 +27,31 @@ node_ready build_node(caf::event_based_actor* self, const node_context& ctx,
     devices::chip_clock::wall_clock::now() -
     std::chrono::duration_cast<devices::chip_clock::wall_clock::duration>(
       since);
+  if (!a.checkpoint_marker.empty())
+    runtime::check_checkpoint_marker(job.checkpoint.dir, a.checkpoint_marker,
+                                     ctx.rank);
   std::vector<runtime::worker_setup> mine;
   for (auto& w :
        runtime::make_worker_setups(ctx.job, p, origin, ctx.shared->cancel))
     if (w.assignment.chip.node == ctx.rank)
       mine.push_back(std::move(w));
+  // A resumed run: each chip loads its own layers from the checkpoint
+  // (rank 0 checked all of it); none crosses the network.
+  std::vector<chip_options> options(mine.size());
+  if (!a.resume_dir.empty()) {
+    const auto manifest = runtime::read_manifest(a.resume_dir);
+    if (manifest.step != a.resume_step)
+      throw runtime::checkpoint_error(
+        runtime::checkpoint_errc::mismatch, a.resume_dir,
+        "node " + std::to_string(ctx.rank) + " reads step " +
+          std::to_string(manifest.step) + ", the coordinator step " +
+          std::to_string(a.resume_step));
+    for (std::size_t i = 0; i < mine.size(); ++i)
+      options[i].restore =
+        runtime::read_layers(a.resume_dir, manifest,
+                             mine[i].assignment.first_layer,
+                             mine[i].assignment.end_layer);
+  }
   runtime::wire_channels(mine, a.links, job, ctx.shared->endpoint.get(),
                          std::chrono::steady_clock::now() +
                            std::chrono::seconds(60),
@@ -40,9 +60,12 @@ node_ready build_node(caf::event_based_actor* self, const node_context& ctx,
                          });
   node_ready ready;
   ready.rank = ctx.rank;
-  for (auto& w : mine) {
+  for (std::size_t i = 0; i < mine.size(); ++i) {
+    auto& w = mine[i];
+    options[i].writer = ctx.shared->writer;
     ready.chips.push_back(w.assignment.chip);
-    auto chip = self->system().spawn<caf::detached>(chip_actor, std::move(w));
+    auto chip = self->system().spawn<caf::detached>(chip_actor, std::move(w),
+                                                    std::move(options[i]));
     ready.actors.push_back(chip);
     out.push_back(chip);
   }
@@ -82,14 +105,16 @@ caf::behavior node_actor(node_self self, node_context ctx) {
   self->state.ctx = std::move(ctx);
   self->set_down_handler([self](caf::down_msg& m) {
     if (m.source == self->state.ctx.coordinator.address())
-      end_node(self, make_error(errc::peer_lost,
-                                "lost the coordinator (node 0): its process "
-                                "ended or its connection broke"));
+      end_node(self,
+               make_error(errc::peer_lost,
+                          "lost the coordinator (node " +
+                            std::to_string(self->state.ctx.coordinator_rank) +
+                            "): its process ended or its connection broke"));
   });
   return {
     [self](assign_atom, const node_assignment& a) -> caf::result<node_ready> {
       self->monitor(self->state.ctx.coordinator);
-      if (self->state.ctx.rank != 0) {
+      if (self->state.ctx.rank != self->state.ctx.coordinator_rank) {
         self->state.coordinator_seen = std::chrono::steady_clock::now();
         self->delayed_send(self, heartbeat_interval, check_atom::value);
       }
@@ -108,9 +133,11 @@ caf::behavior node_actor(node_self self, node_context ctx) {
         return;
       if (std::chrono::steady_clock::now() - self->state.coordinator_seen >
           heartbeat_timeout) {
+        const int lead = self->state.ctx.coordinator_rank;
         end_node(self, make_error(errc::peer_lost,
-                                  "the coordinator (node 0, " +
-                                    chips_of(*self->state.ctx.job, 0) +
+                                  "the coordinator (node " +
+                                    std::to_string(lead) + ", " +
+                                    chips_of(*self->state.ctx.job, lead) +
                                     ") stalled: no heartbeat for " +
                                     std::to_string(heartbeat_timeout.count()) +
                                     " s"));

@@ -5,12 +5,18 @@
 #include "h2/actors/messages.hpp"
 #include "h2/runtime/step_control.hpp"
 
+#include <caf/actor_cast.hpp>
 #include <caf/actor_system.hpp>
 #include <caf/event_based_actor.hpp>
 #include <caf/response_promise.hpp>
+#include <caf/send.hpp>
 #include <caf/stateful_actor.hpp>
 
+#include <algorithm>
+#include <chrono>
 #include <cmath>
+#include <functional>
+#include <iterator>
 #include <optional>
 #include <sstream>
 
@@ -26,11 +32,37 @@ struct scheduler_state {
   double virtual_barrier = 0;
   std::optional<runtime::run_totals> totals;
   int saved_step = -1; ///< the step of the last checkpoint started here
+
+  /// The checkpoint being written: started at a step boundary, done once
+  /// its manifest is on disk.
+  struct save_in_progress {
+    std::int64_t step = 0;
+    std::vector<runtime::file_record> files; ///< written so far, any order
+    double waited_seconds = 0; ///< for the previous save to end
+    double stall_seconds = 0;  ///< the wait plus the snapshot
+  };
+  std::optional<save_in_progress> saving;
+  /// What waits for `saving` to end (the next save, or the run's end).
+  std::function<void()> after_save;
 };
 
 namespace {
 
 using self_ptr = caf::stateful_actor<scheduler_state>*;
+
+using clock = std::chrono::steady_clock;
+
+double seconds_since(clock::time_point t) {
+  return std::chrono::duration<double>(clock::now() - t).count();
+}
+
+/// Ends the run with `err` (once).
+void fail(self_ptr self, const caf::error& err) {
+  auto& st = self->state;
+  st.after_save = nullptr;
+  if (st.done.pending())
+    st.done.deliver(err);
+}
 
 /// Sends `xs...` to the first `count` chips (plan order: replica 0's stages
 /// first); calls `on_all` with the replies in chip order, or delivers the
@@ -50,8 +82,8 @@ void gather_first(self_ptr self, std::size_t count, OnAll on_all, Ts... xs) {
     if (--p->outstanding != 0)
       return;
     if (!p->failures.empty()) {
-      self->state.done.deliver(make_error(root_cause(p->failures).code,
-                                          root_cause(p->failures).message));
+      const auto cause = root_cause(p->failures);
+      fail(self, make_error(cause.code, cause.message));
       return;
     }
     on_all(std::move(p->replies));
@@ -83,49 +115,106 @@ void gather(self_ptr self, OnAll on_all, Ts... xs) {
 void next_step(self_ptr self);
 void after_step(self_ptr self);
 
-/// Saves a checkpoint after st.step steps: replica 0's chips snapshot
-/// their layers (the training stall), the writer writes them in the
-/// background; then `then()`. Without a writer, or when this step is
-/// saved already, just `then()`.
-template <class Then>
-void save_checkpoint(self_ptr self, Then then) {
+/// Runs `then` once no checkpoint is being written.
+void when_saved(self_ptr self, std::function<void()> then) {
+  auto& st = self->state;
+  if (st.saving)
+    st.after_save = std::move(then);
+  else
+    then();
+}
+
+/// Saves a checkpoint after st.step steps (docs/checkpoints.md), then
+/// `then()`. A save in progress is waited for first (the step waits).
+/// Replica 0's chips copy their layers to host memory (the training stall)
+/// and hand them to their node's writer; `then()` runs once every chip has,
+/// while the files are written. The layer files' records come back as
+/// written_atom messages, the manifest is published through the driving
+/// node's writer, and saved_atom ends the save. Without a writer, or when
+/// this step is saved already, just `then()`. `waited`: seconds the step
+/// already waited for the previous save.
+void save_checkpoint(self_ptr self, std::function<void()> then,
+                     double waited = 0) {
   auto& st = self->state;
   auto& ctx = *st.ctx;
   if (!ctx.checkpoints || st.step == st.saved_step) {
     then();
     return;
   }
+  if (st.saving) {
+    st.after_save = [self, then = std::move(then), since = clock::now()] {
+      save_checkpoint(self, then, seconds_since(since));
+    };
+    return;
+  }
+  const auto start = clock::now();
   st.saved_step = st.step;
+  try {
+    runtime::prepare_checkpoint_dir(ctx.checkpoints->root(), st.step);
+  } catch (...) {
+    fail(self, current_exception_error());
+    return;
+  }
+  st.saving = scheduler_state::save_in_progress{st.step, {}, waited, waited};
   const auto owners = ctx.the_plan.replicas.front().stages.size();
-  gather_first<std::vector<runtime::layer_state>>(
+  gather_first<std::int32_t>(
     self, owners,
-    [self, then](std::vector<std::vector<runtime::layer_state>> per_chip) {
+    [self, then = std::move(then), start, waited](std::vector<std::int32_t>) {
       auto& st = self->state;
-      auto& ctx = *st.ctx;
-      std::vector<runtime::layer_state> layers;
-      for (auto& chip : per_chip)
-        for (auto& l : chip)
-          layers.push_back(std::move(l));
-      try {
-        auto manifest = ctx.manifest;
-        manifest.step = st.step;
-        const double waited =
-          ctx.checkpoints->save(std::move(manifest), std::move(layers));
-        if (ctx.observer != nullptr)
-          ctx.observer->on_checkpoint(st.step, waited);
-      } catch (...) {
-        st.done.deliver(current_exception_error());
-        return;
-      }
+      if (st.saving)
+        st.saving->stall_seconds = waited + seconds_since(start);
       then();
     },
-    snapshot_atom::value);
+    snapshot_atom::value, static_cast<std::int64_t>(st.step));
+}
+
+/// A node's writer wrote some of the saving checkpoint's layer files: once
+/// every layer's file is written, publishes the manifest.
+void on_written(self_ptr self, std::int64_t step,
+                std::vector<runtime::file_record> files) {
+  auto& st = self->state;
+  auto& ctx = *st.ctx;
+  if (!st.saving || st.saving->step != step)
+    return;
+  auto& all = st.saving->files;
+  all.insert(all.end(), std::make_move_iterator(files.begin()),
+             std::make_move_iterator(files.end()));
+  if (static_cast<int>(all.size()) < ctx.job->model.num_layers())
+    return;
+  std::sort(all.begin(), all.end(),
+            [](const auto& a, const auto& b) { return a.layer < b.layer; });
+  auto manifest = ctx.manifest;
+  manifest.step = step;
+  manifest.files = std::move(all);
+  ctx.checkpoints->publish(
+    std::move(manifest),
+    [to = caf::actor_cast<caf::actor>(self), step](std::exception_ptr e) {
+      caf::anon_send(to, saved_atom::value, step,
+                     e ? exception_error(e) : caf::error{});
+    });
+}
+
+/// The saving checkpoint's manifest is on disk.
+void on_saved(self_ptr self, std::int64_t step) {
+  auto& st = self->state;
+  if (!st.saving || st.saving->step != step)
+    return;
+  const auto done = std::move(*st.saving);
+  st.saving.reset();
+  if (st.ctx->observer != nullptr)
+    st.ctx->observer->on_checkpoint(static_cast<int>(step),
+                                    done.waited_seconds, done.stall_seconds);
+  if (auto next = std::exchange(st.after_save, nullptr))
+    next();
 }
 
 void finish(self_ptr self, bool stopped_early) {
   save_checkpoint(self, [self, stopped_early] {
-    auto& st = self->state;
-    st.done.deliver(st.totals->summary(stopped_early));
+    when_saved(self, [self, stopped_early] {
+      auto& st = self->state;
+      if (st.done.pending())
+        st.done.deliver(st.totals->summary(stopped_early));
+    });
   });
 }
 
@@ -184,7 +273,7 @@ void on_steps(self_ptr self, std::vector<runtime::chip_step_report> steps) {
   try {
     decision = runtime::decide_update(*st.ctx->job, st.step, steps);
   } catch (...) {
-    st.done.deliver(current_exception_error());
+    fail(self, current_exception_error());
     return;
   }
   gather<runtime::chip_update_report>(
@@ -238,16 +327,23 @@ caf::behavior scheduler_actor(self_ptr self, std::shared_ptr<run_context> ctx) {
           auto& st = self->state;
           if (st.ctx->observer != nullptr)
             st.ctx->observer->on_setup(st.ctx->the_plan, reports);
-          if (!st.ctx->restore) {
-            next_step(self);
-            return;
-          }
-          gather<bool>(
-            self, [self](std::vector<bool>) { next_step(self); },
-            restore_atom::value, *st.ctx->restore);
+          next_step(self);
         },
         setup_atom::value);
       return st.done;
+    },
+    [self](written_atom, std::int64_t step,
+           std::vector<runtime::file_record>& files, const caf::error& err) {
+      if (err)
+        fail(self, err);
+      else
+        on_written(self, step, std::move(files));
+    },
+    [self](saved_atom, std::int64_t step, const caf::error& err) {
+      if (err)
+        fail(self, err);
+      else
+        on_saved(self, step);
     },
   };
 }

@@ -24,6 +24,10 @@ int run_app(const std::string& program, const std::function<int()>& body) {
     std::cerr << program << ": error: " << first_line(e.what()) << std::endl;
     return exit_bad_input;
   } catch (const actors::run_error& e) {
+    if (e.code() == actors::errc::bad_config) { // found by another node
+      std::cerr << program << ": error: " << first_line(e.what()) << std::endl;
+      return exit_bad_input;
+    }
     std::cerr << program << ": training failed (" << to_string(e.code())
               << "): " << first_line(e.what()) << std::endl;
     return e.code() == actors::errc::peer_lost ? exit_peer_failed

@@ -29,6 +29,8 @@ struct node_flags {
   std::string coordinator;
   std::string bind;
   std::string secret_file;
+  std::vector<int> exclude;
+  int restarts = 0;
   apps::run_flags run;
 };
 
@@ -74,16 +76,8 @@ std::string local_address_towards(const std::string& host) {
 
 int run_node(node_flags& nf) {
   auto job = apps::load_job(nf.job_path, nf.run);
-  // Checkpoints are saved and loaded by one process's job so far
-  // (docs/checkpoints.md): refuse rather than train without them.
-  if (!job->checkpoint.dir.empty())
-    throw config_error("checkpoint.dir",
-                       "checkpoints of a job over several nodes are not "
-                       "supported yet: run it in one process (h2-launch "
-                       "without --nodes) or remove [checkpoint]");
-  if (!nf.run.resume.empty())
-    throw config_error("--resume", "resuming a job over several nodes is not "
-                                   "supported yet: run it in one process");
+  apps::exclude_nodes(*job, nf.exclude);
+  const auto& nodes = job->nodes;
   const char* source = "--node-rank";
   if (nf.rank < 0) {
     auto r = env_int({"SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "RANK"}, source);
@@ -92,7 +86,10 @@ int run_node(node_flags& nf) {
                          "missing: pass --node-rank or run under Slurm "
                          "(SLURM_PROCID), Open MPI (OMPI_COMM_WORLD_RANK) or "
                          "torchrun-style RANK");
-    nf.rank = *r;
+    // The i-th process runs the i-th node that is left.
+    nf.rank = *r >= 0 && *r < static_cast<int>(nodes.size())
+                ? nodes[static_cast<std::size_t>(*r)].rank
+                : *r;
   }
   const char* world_source = "--world-size";
   if (nf.world_size < 0) {
@@ -100,15 +97,21 @@ int run_node(node_flags& nf) {
                      world_source);
     nf.world_size = w.value_or(static_cast<int>(job->nodes.size()));
   }
-  if (nf.world_size != static_cast<int>(job->nodes.size()))
-    throw config_error(world_source, std::to_string(nf.world_size) +
-                                       " processes but the job declares " +
-                                       std::to_string(job->nodes.size()) +
-                                       " [[nodes]]");
-  if (nf.rank < 0 || nf.rank >= nf.world_size)
+  if (nf.world_size != static_cast<int>(nodes.size()))
+    throw config_error(world_source,
+                       std::to_string(nf.world_size) +
+                         " processes but the job declares " +
+                         std::to_string(nodes.size()) + " [[nodes]]" +
+                         (nf.exclude.empty() ? "" : " that are not excluded"));
+  if (std::none_of(nodes.begin(), nodes.end(),
+                   [&](const node_spec& n) { return n.rank == nf.rank; }))
     throw config_error(source, "node rank " + std::to_string(nf.rank) +
-                                 " outside [0, " +
-                                 std::to_string(nf.world_size) + ")");
+                                 " is not one of the job's nodes " +
+                                 (nf.exclude.empty()
+                                    ? "[0, " + std::to_string(nodes.size()) +
+                                        ")"
+                                    : "that are not excluded"));
+  const int lead = nodes.front().rank; // hosts the coordinator
   if (nf.coordinator.empty()) {
     const char* addr = std::getenv("MASTER_ADDR");
     const char* port = std::getenv("MASTER_PORT");
@@ -137,22 +140,34 @@ int run_node(node_flags& nf) {
 
   actors::node_options o;
   o.job = job;
-  o.job_digest = transport::job_digest(apps::job_text(nf.job_path));
+  o.job_digest = transport::job_digest(
+    apps::job_identity(apps::job_text(nf.job_path), nf.exclude));
   o.rank = nf.rank;
   o.world_size = nf.world_size;
+  o.coordinator_rank = lead;
   o.coordinator_host = nf.coordinator.substr(0, colon);
   o.coordinator_port = static_cast<std::uint16_t>(port);
   o.bind_host =
     !nf.bind.empty() ? nf.bind : local_address_towards(o.coordinator_host);
   o.secret = std::make_shared<const transport::job_secret>(
     transport::job_secret::from_file(secret_file));
-  // Rank 0 plans (HeteroAuto too); the coordinator sends every node its plan.
+  // The coordinator's node plans (HeteroAuto too) and sends every node
+  // its plan.
   std::optional<double> predicted;
-  if (nf.rank == 0) {
+  if (nf.rank == lead) {
     auto chosen = apps::choose_plan(nf.run, *job);
     o.plan_override = std::move(chosen.value);
     predicted = chosen.predicted_step_seconds;
+    // It reads and checks the whole checkpoint; every node then loads
+    // its own chips' layers from the directory.
+    if (auto c = apps::resume_from(nf.run, *job)) {
+      auto located = std::make_shared<runtime::checkpoint>();
+      located->dir = c->dir;
+      located->manifest = c->manifest;
+      o.run.resume = std::move(located);
+    }
   }
+  o.run.job_text = apps::job_text(nf.job_path);
   o.run.steps = nf.run.stop_after > 0
                   ? std::min(nf.run.stop_after, job->train.steps)
                   : job->train.steps;
@@ -169,8 +184,9 @@ int run_node(node_flags& nf) {
   apps::metrics_service metrics(*job, nf.run, nf.rank, "h2-node");
   apps::reporter_options ro;
   ro.total_steps = job->train.steps;
-  ro.quiet = nf.run.quiet || nf.rank != 0;
-  if (nf.rank == 0) {
+  ro.quiet = nf.run.quiet || nf.rank != lead;
+  ro.restarts = nf.restarts;
+  if (nf.rank == lead) {
     ro.json_log = nf.run.json_log;
     ro.trace = nf.run.trace;
     ro.predicted_step_seconds = predicted;
@@ -199,7 +215,7 @@ int run_node(node_flags& nf) {
     }
     throw;
   }
-  if (nf.rank == 0) {
+  if (nf.rank == lead) {
     reporter.finish(outcome.summary);
     if (!nf.run.export_path.empty()) {
       apps::write_safetensors(nf.run.export_path, outcome.parameters,
@@ -218,8 +234,9 @@ int run_node(node_flags& nf) {
 int main(int argc, char** argv) {
   apps::block_stop_signals();
   node_flags nf;
-  CLI::App cli{"One node of a job that runs in several processes (rank 0 "
-               "hosts the coordinator). Rank and world size may come from "
+  CLI::App cli{"One node of a job that runs in several processes (the "
+               "lowest rank hosts the coordinator). Rank and world size may "
+               "come from "
                "Slurm, Open MPI or torchrun-style environments."};
   cli.add_option("--job", nf.job_path, "Job file (TOML)")
     ->required()
@@ -238,6 +255,16 @@ int main(int argc, char** argv) {
                  "local address that routes to the coordinator)");
   cli.add_option("--secret-file", nf.secret_file,
                  "The job's secret (default: security.secret_file)");
+  cli
+    .add_option("--exclude-nodes", nf.exclude,
+                "Ranks of failed nodes whose chips are unavailable: the job "
+                "runs on the others, planned by HeteroAuto (a restart)")
+    ->delimiter(',');
+  cli
+    .add_option("--restarts", nf.restarts,
+                "Restarts of this job so far (h2-launch sets it; exported "
+                "as h2_restarts_total)")
+    ->check(CLI::Range(0, 1 << 20));
   apps::add_run_flags(cli, nf.run);
   return apps::parse_and_run(cli, argc, argv, "h2-node",
                              [&] { return run_node(nf); });

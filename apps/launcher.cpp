@@ -4,9 +4,11 @@
 #include "h2/apps/signals.hpp"
 #include "h2/core/error.hpp"
 #include "h2/core/random.hpp"
+#include "h2/runtime/checkpoint_files.hpp"
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <atomic>
 #include <condition_variable>
 #include <csignal>
@@ -153,27 +155,56 @@ std::string make_secret_file(const std::string& dir) {
 
 } // namespace
 
-int launch_nodes(const launch_options& o) {
-  auto job = load_job(o.job_path, o.flags);
-  if (static_cast<int>(job->nodes.size()) != o.nodes)
-    throw config_error(
-      "--nodes", std::to_string(o.nodes) + " processes but the job declares " +
-                   std::to_string(job->nodes.size()) + " [[nodes]]");
-  std::string tmpdir = make_temp_dir();
-  std::string secret = job->security.secret_file;
-  if (secret.empty())
-    secret = make_secret_file(tmpdir);
-  std::string job_path = o.job_path;
-  if (job_path.empty()) {
-    // The built-in demo, written out so every node reads the same text.
-    job_path = tmpdir + "/demo.toml";
-    std::ofstream(job_path) << job_text("");
-  }
-  const auto& f = o.flags;
-  int metrics_base = f.metrics_port >= 0 ? f.metrics_port : job->metrics.port;
+namespace {
+
+/// What launching every node once came to.
+struct attempt {
+  int code = exit_ok; ///< the job's exit code
+  /// Nodes whose process died (a signal we did not forward: SIGKILL, a
+  /// crash) or had to be killed because it did not end after a failure.
+  std::vector<int> failed;
+  std::string cause; ///< "node 1 was killed by signal 9", ...
+};
+
+/// What stays the same across the attempts of one launch.
+struct launch_state {
+  const launch_options& o;
+  std::shared_ptr<job_config> job; ///< as written, every node
+  std::string job_path;            ///< the job file every node reads
+  std::string secret;              ///< the secret file
+  signal_watcher& signals;
+};
+
+int code_of(int status) {
+  if (WIFEXITED(status))
+    return WEXITSTATUS(status);
+  if (WIFSIGNALED(status))
+    return exit_signal_base + WTERMSIG(status);
+  return exit_failed;
+}
+
+std::string joined(const std::vector<int>& xs) {
+  std::string out;
+  for (int x : xs)
+    out += (out.empty() ? "" : ",") + std::to_string(x);
+  return out;
+}
+
+/// Starts a node for every node of the job that is not `excluded` (the
+/// lowest rank first: it hosts the coordinator), relays their output,
+/// forwards signals and waits for all of them.
+attempt run_nodes(const launch_state& ls, const run_flags& f,
+                  const std::vector<int>& excluded, int restarts) {
+  const auto& o = ls.o;
+  job_config job = *ls.job;
+  exclude_nodes(job, excluded);
+  const int lead = job.nodes.front().rank;
+  int metrics_base = f.metrics_port >= 0 ? f.metrics_port : job.metrics.port;
   bool metrics = !f.no_metrics && (f.metrics_port >= 0 || metrics_base > 0);
 
-  std::vector<child> children(static_cast<std::size_t>(o.nodes));
+  std::vector<child> children(job.nodes.size());
+  for (std::size_t i = 0; i < children.size(); ++i)
+    children[i].rank = job.nodes[i].rank;
   std::mutex state_mutex;
   std::condition_variable coordinator_known;
   std::optional<std::string> coordinator;
@@ -184,15 +215,19 @@ int launch_nodes(const launch_options& o) {
   auto args_for = [&](int rank) {
     std::vector<std::string> a = {o.node_binary,
                                   "--job",
-                                  job_path,
+                                  ls.job_path,
                                   "--node-rank",
                                   std::to_string(rank),
                                   "--world-size",
-                                  std::to_string(o.nodes),
+                                  std::to_string(job.nodes.size()),
                                   "--secret-file",
-                                  secret,
+                                  ls.secret,
                                   "--coordinator",
-                                  rank == 0 ? "127.0.0.1:0" : *coordinator};
+                                  rank == lead ? "127.0.0.1:0" : *coordinator};
+    if (!excluded.empty())
+      a.insert(a.end(), {"--exclude-nodes", joined(excluded)});
+    if (restarts > 0)
+      a.insert(a.end(), {"--restarts", std::to_string(restarts)});
     if (f.steps > 0)
       a.insert(a.end(), {"--steps", std::to_string(f.steps)});
     if (metrics)
@@ -201,7 +236,7 @@ int launch_nodes(const launch_options& o) {
                 std::to_string(metrics_base > 0 ? metrics_base + rank : 0)});
     else
       a.push_back("--no-metrics");
-    if (rank == 0) {
+    if (rank == lead) {
       if (!f.json_log.empty())
         a.insert(a.end(), {"--json-log", f.json_log});
       if (!f.trace.empty())
@@ -210,6 +245,10 @@ int launch_nodes(const launch_options& o) {
         a.insert(a.end(), {"--plan", f.plan_path});
       if (!f.export_path.empty())
         a.insert(a.end(), {"--export", f.export_path});
+      if (f.stop_after > 0)
+        a.insert(a.end(), {"--stop-after", std::to_string(f.stop_after)});
+      if (!f.resume.empty())
+        a.insert(a.end(), {"--resume", f.resume});
     }
     if (f.quiet)
       a.push_back("--quiet");
@@ -219,7 +258,7 @@ int launch_nodes(const launch_options& o) {
     return [&, rank](const std::string& line) {
       std::smatch m;
       std::lock_guard<std::mutex> guard(state_mutex);
-      if (rank == 0 && !coordinator &&
+      if (rank == lead && !coordinator &&
           std::regex_search(line, m, coordinator_line)) {
         coordinator = m[1];
         coordinator_known.notify_all();
@@ -231,20 +270,19 @@ int launch_nodes(const launch_options& o) {
 
   // Signals go to every node: a first one stops the job at the next step
   // boundary, a second one aborts it.
-  signal_watcher signals(nullptr);
-  std::atomic<int> forwarded{0};
+  int forwarded = 0;
   auto forward = [&] {
-    int want = signals.stop_flag()->load();
-    while (forwarded.load() < want) {
+    int want = ls.signals.stop_flag()->load();
+    while (forwarded < want) {
       ++forwarded;
       for (auto& c : children)
         if (c.pid > 0)
-          ::kill(c.pid, signals.signal());
+          ::kill(c.pid, ls.signals.signal());
     }
   };
 
-  children[0].rank = 0;
-  spawn(children[0], args_for(0), watch(0));
+  attempt result;
+  spawn(children[0], args_for(lead), watch(lead));
   {
     std::unique_lock<std::mutex> lock(state_mutex);
     while (!coordinator) {
@@ -254,28 +292,19 @@ int launch_nodes(const launch_options& o) {
         children[0].pid = -1;
         children[0].out_reader.join();
         children[0].err_reader.join();
-        std::filesystem::remove_all(tmpdir);
-        return WIFEXITED(status) ? WEXITSTATUS(status) : exit_failed;
+        result.code = WIFEXITED(status) ? WEXITSTATUS(status) : exit_failed;
+        return result;
       }
       forward();
       lock.lock();
       coordinator_known.wait_for(lock, std::chrono::milliseconds(50));
     }
   }
-  for (int r = 1; r < o.nodes; ++r) {
-    children[static_cast<std::size_t>(r)].rank = r;
-    spawn(children[static_cast<std::size_t>(r)], args_for(r), watch(r));
-  }
+  for (std::size_t i = 1; i < children.size(); ++i)
+    spawn(children[i], args_for(children[i].rank), watch(children[i].rank));
 
-  auto code_of = [](int status) {
-    if (WIFEXITED(status))
-      return WEXITSTATUS(status);
-    if (WIFSIGNALED(status))
-      return exit_signal_base + WTERMSIG(status);
-    return exit_failed;
-  };
   bool targets_written = false;
-  int running = o.nodes;
+  auto running = children.size();
   // Once a node fails, the others end on their own within the failure
   // bound (docs/transport.md); a node that does not (stopped, wedged) is
   // killed after this grace.
@@ -307,12 +336,12 @@ int launch_nodes(const launch_options& o) {
         }
     if (!targets_written && metrics && !o.targets_file.empty()) {
       std::lock_guard<std::mutex> guard(state_mutex);
-      if (static_cast<int>(targets.size()) == o.nodes) {
+      if (targets.size() == children.size()) {
         nlohmann::json j = nlohmann::json::array();
         for (const auto& [rank, target] : targets)
           j.push_back(
             {{"targets", {target}},
-             {"labels", {{"job", job->name}, {"node", std::to_string(rank)}}}});
+             {"labels", {{"job", job.name}, {"node", std::to_string(rank)}}}});
         std::ofstream(o.targets_file) << j.dump(2) << '\n';
         std::lock_guard<std::mutex> out(output_mutex);
         std::printf("h2-launch: Prometheus file_sd targets in %s\n",
@@ -327,29 +356,91 @@ int launch_nodes(const launch_options& o) {
     c.out_reader.join();
     c.err_reader.join();
   }
-  std::filesystem::remove_all(tmpdir);
 
   // Reports every node that did not end cleanly; the code is the lowest
-  // rank's that failed on its own (rank 0 names the root cause), not that
-  // of a node we killed.
-  int code = exit_ok;
+  // rank's that failed on its own (the coordinator names the root cause),
+  // not that of a node we killed.
+  const bool stopping = ls.signals.stop_flag()->load() > 0;
   for (const auto& c : children) {
     int cc = code_of(c.status);
     if (cc == exit_ok)
       continue;
+    std::string what;
     if (WIFSIGNALED(c.status))
-      std::fprintf(stderr, "h2-launch: node %d was killed by signal %d%s\n",
-                   c.rank, WTERMSIG(c.status),
-                   c.killed ? " (by h2-launch)" : "");
+      what = "node " + std::to_string(c.rank) + " was killed by signal " +
+             std::to_string(WTERMSIG(c.status)) +
+             (c.killed ? " (by h2-launch)" : "");
     else
-      std::fprintf(stderr, "h2-launch: node %d ended with code %d\n", c.rank,
-                   cc);
-    if (code == exit_ok && !c.killed)
-      code = cc;
+      what = "node " + std::to_string(c.rank) + " ended with code " +
+             std::to_string(cc);
+    std::fprintf(stderr, "h2-launch: %s\n", what.c_str());
+    if (WIFSIGNALED(c.status) && !stopping) {
+      result.failed.push_back(c.rank);
+      result.cause += (result.cause.empty() ? "" : "; ") + what;
+    }
+    if (result.code == exit_ok && !c.killed)
+      result.code = cc;
   }
-  if (code == exit_ok)
-    code = code_of(children[0].status);
-  return code;
+  if (result.code == exit_ok)
+    result.code = code_of(children[0].status);
+  return result;
+}
+
+} // namespace
+
+int launch_nodes(const launch_options& o) {
+  auto job = load_job(o.job_path, o.flags);
+  if (static_cast<int>(job->nodes.size()) != o.nodes)
+    throw config_error(
+      "--nodes", std::to_string(o.nodes) + " processes but the job declares " +
+                   std::to_string(job->nodes.size()) + " [[nodes]]");
+  std::string tmpdir = make_temp_dir();
+  std::string secret = job->security.secret_file;
+  if (secret.empty())
+    secret = make_secret_file(tmpdir);
+  std::string job_path = o.job_path;
+  if (job_path.empty()) {
+    // The built-in demo, written out so every node reads the same text.
+    job_path = tmpdir + "/demo.toml";
+    std::ofstream(job_path) << job_text("");
+  }
+  signal_watcher signals(nullptr);
+  const launch_state ls{o, job, job_path, secret, signals};
+
+  // A node that dies ends the job everywhere; with [restart] the job goes
+  // on without it, from its last checkpoint, up to restart.max times.
+  run_flags flags = o.flags;
+  std::vector<int> excluded;
+  attempt a;
+  for (int restarts = 0;; ++restarts) {
+    a = run_nodes(ls, flags, excluded, restarts);
+    if (a.code == exit_ok || a.failed.empty() ||
+        restarts >= job->restart.max || signals.stop_flag()->load() > 0)
+      break;
+    excluded.insert(excluded.end(), a.failed.begin(), a.failed.end());
+    std::sort(excluded.begin(), excluded.end());
+    if (excluded.size() >= job->nodes.size())
+      break;
+    // The plan was for the chips that were; HeteroAuto plans the rest.
+    flags.plan_path.clear();
+    auto latest = runtime::latest_checkpoint(job->checkpoint.dir, nullptr);
+    flags.resume = latest ? latest->string() : "";
+    std::string left;
+    for (const auto& n : job->nodes)
+      if (std::find(excluded.begin(), excluded.end(), n.rank) ==
+          excluded.end())
+        left += (left.empty() ? "" : ", ") + std::to_string(n.rank);
+    std::lock_guard<std::mutex> out(output_mutex);
+    std::fprintf(stderr,
+                 "h2-launch: restart %d of %d after %s: re-planning on "
+                 "node%s %s, %s\n",
+                 restarts + 1, job->restart.max, a.cause.c_str(),
+                 left.find(',') == std::string::npos ? "" : "s", left.c_str(),
+                 latest ? ("resuming from " + latest->string()).c_str()
+                        : "from step 0 (no checkpoint yet)");
+  }
+  std::filesystem::remove_all(tmpdir);
+  return a.code;
 }
 
 } // namespace h2::apps

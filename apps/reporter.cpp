@@ -29,9 +29,17 @@ reporter::reporter(const job_config& job, reporter_options options,
                    metrics::registry* registry)
     : job_(job), options_(std::move(options)), registry_(registry) {
   if (!options_.json_log.empty()) {
-    json_.open(options_.json_log, std::ios::trunc);
+    // A restarted job goes on with the log of the run it continues.
+    json_.open(options_.json_log,
+               options_.restarts > 0 ? std::ios::app : std::ios::trunc);
     if (!json_)
       throw error("cannot write the JSON log " + options_.json_log);
+    if (options_.restarts > 0)
+      json_ << nlohmann::json{{"event", "restart"},
+                              {"restarts", options_.restarts}}
+                 .dump()
+            << '\n'
+            << std::flush;
   }
   if (!options_.trace.empty())
     trace_ = std::make_unique<metrics::trace_writer>();
@@ -40,6 +48,12 @@ reporter::reporter(const job_config& job, reporter_options options,
       ->get_gauge("h2_predicted_step_seconds",
                   "HeteroAuto's predicted step time of the plan (run clock).")
       .set(*options_.predicted_step_seconds);
+  if (registry_ != nullptr)
+    registry_
+      ->get_counter("h2_restarts_total",
+                    "Restarts of the job on its surviving chips after a node "
+                    "failed ([restart]).")
+      .inc(options_.restarts);
 }
 
 metrics::label_set reporter::chip_labels(const chip_id& id, int stage) const {
@@ -230,28 +244,35 @@ void reporter::on_step(const runtime::step_summary& s) {
   }
 }
 
-void reporter::on_checkpoint(int steps, double waited_seconds) {
+void reporter::on_checkpoint(int steps, double waited_seconds,
+                             double stall_seconds) {
   if (registry_ != nullptr) {
     registry_->get_counter("h2_checkpoints_total",
-                           "Checkpoints handed to the background writer.")
+                           "Checkpoints saved (manifest on disk).")
       .inc();
     registry_
       ->get_counter("h2_checkpoint_wait_seconds_total",
                     "Time steps waited for the previous checkpoint's write.")
       .inc(waited_seconds);
+    registry_
+      ->get_counter("h2_checkpoint_stall_seconds_total",
+                    "Time training stood still for checkpoints: the wait "
+                    "for the previous one plus the copy to host memory.")
+      .inc(stall_seconds);
   }
   if (json_.is_open())
     json_ << nlohmann::json{{"event", "checkpoint"},
                             {"step", steps},
-                            {"waited_seconds", waited_seconds}}
+                            {"waited_seconds", waited_seconds},
+                            {"stall_seconds", stall_seconds}}
                .dump()
           << '\n'
           << std::flush;
   if (!options_.quiet) {
     std::fprintf(options_.out,
-                 "checkpoint after step %d | writing in the background "
-                 "(waited %.3f s for the previous one)\n",
-                 steps, waited_seconds);
+                 "checkpoint after step %d saved | training stalled %.3f s "
+                 "(%.3f s waiting for the previous one)\n",
+                 steps, stall_seconds, waited_seconds);
     std::fflush(options_.out);
   }
 }

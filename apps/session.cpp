@@ -8,6 +8,7 @@
 #include "h2/scheduler/plan_builder.hpp"
 
 
+#include <algorithm>
 #include <cstring>
 #include <cstdlib>
 #include <filesystem>
@@ -100,6 +101,40 @@ std::shared_ptr<job_config> load_job(const std::string& path,
     job->transport.backend = backend;
   }
   return job;
+}
+
+void exclude_nodes(job_config& job, const std::vector<int>& ranks) {
+  if (ranks.empty())
+    return;
+  for (int r : ranks)
+    if (std::none_of(job.nodes.begin(), job.nodes.end(),
+                     [r](const node_spec& n) { return n.rank == r; }))
+      throw config_error("--exclude-nodes",
+                         "the job has no node " + std::to_string(r));
+  auto gone = [&](int rank) {
+    return std::find(ranks.begin(), ranks.end(), rank) != ranks.end();
+  };
+  std::erase_if(job.nodes, [&](const node_spec& n) { return gone(n.rank); });
+  if (job.nodes.empty())
+    throw config_error("--exclude-nodes", "no node of the job is left");
+  // HeteroAuto plans the chips that are left; they keep their ids.
+  auto& p = job.plan;
+  std::erase_if(p.stages, [&](const chip_id& c) { return gone(c.node); });
+  if (p.mode != plan_mode::automatic)
+    p.stages.clear(); // every chip that is left
+  p.mode = plan_mode::automatic;
+  p.layers.clear();
+  p.recompute.clear();
+}
+
+std::string job_identity(const std::string& text,
+                         const std::vector<int>& excluded) {
+  if (excluded.empty())
+    return text;
+  std::string out = text + "\n# h2: nodes excluded:";
+  for (int r : excluded)
+    out += " " + std::to_string(r);
+  return out + "\n";
 }
 
 std::shared_ptr<const runtime::checkpoint> resume_from(const run_flags& flags,

@@ -8,9 +8,11 @@ target_compile_options(h2_flags INTERFACE
 target_include_directories(h2_flags INTERFACE
   ${CMAKE_BINARY_DIR}/generated)
 
-# Sanitize: ASan + UBSan on everything linked with h2_flags.
+# Sanitize: ASan + UBSan on everything linked with h2_flags. GCC 12's
+# -Wmaybe-uninitialized misfires on <regex> under the sanitizers' -O1: not
+# an error there (the other builds keep it).
 set(_h2_san -fsanitize=address,undefined -fno-omit-frame-pointer
             -fno-sanitize-recover=undefined)
 target_compile_options(h2_flags INTERFACE
-  $<$<CONFIG:Sanitize>:${_h2_san} -O1 -g>)
+  $<$<CONFIG:Sanitize>:${_h2_san} -O1 -g -Wno-error=maybe-uninitialized>)
 target_link_options(h2_flags INTERFACE $<$<CONFIG:Sanitize>:${_h2_san}>)

@@ -567,6 +567,18 @@ void read_checkpoint(table_reader& root, job_config& job) {
   t->finish();
 }
 
+void read_restart(table_reader& root, job_config& job) {
+  auto t = root.maybe_table("restart");
+  if (!t)
+    return;
+  job.restart.max = positive_int(*t, "max", 0, 0);
+  if (job.restart.max > 0 && job.checkpoint.dir.empty())
+    throw config_error(t->path("max"),
+                       "a restart resumes from the last checkpoint: set "
+                       "[checkpoint] dir too");
+  t->finish();
+}
+
 void read_security(table_reader& root, job_config& job) {
   auto t = root.maybe_table("security");
   if (!t)
@@ -640,6 +652,7 @@ job_config parse_job(std::string_view toml_text, const std::string& origin) {
   read_transport(top, job);
   read_runtime(top, job);
   read_checkpoint(top, job);
+  read_restart(top, job);
   read_security(top, job);
   read_topology(top, job);
   top.finish();

@@ -119,6 +119,24 @@ file_record write_layer_file(const std::filesystem::path& dir,
   return r;
 }
 
+std::filesystem::path prepare_checkpoint_dir(const std::filesystem::path& root,
+                                             std::int64_t step) {
+  const auto dir = checkpoint_dir(root, step);
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec)
+    throw checkpoint_error(checkpoint_errc::io, dir,
+                           "cannot create: " + ec.message());
+  detail::sync_directory(root);
+  // Rewriting a step: the directory stops being a checkpoint before any of
+  // its files change.
+  if (std::filesystem::remove(dir / manifest_file_name, ec); ec)
+    throw checkpoint_error(checkpoint_errc::io, dir / manifest_file_name,
+                           "cannot remove: " + ec.message());
+  detail::sync_directory(dir);
+  return dir;
+}
+
 std::filesystem::path write_checkpoint(const std::filesystem::path& root,
                                        checkpoint_manifest manifest,
                                        const std::vector<layer_state>& layers) {
@@ -132,20 +150,7 @@ std::filesystem::path write_checkpoint(const std::filesystem::path& root,
                "checkpoint layers must be 0..n-1; found layer ",
                ordered[i]->layer, " at position ", i);
 
-  const auto dir = checkpoint_dir(root, manifest.step);
-  std::error_code ec;
-  std::filesystem::create_directories(dir, ec);
-  if (ec)
-    throw checkpoint_error(checkpoint_errc::io, dir,
-                           "cannot create: " + ec.message());
-  detail::sync_directory(root);
-  // Rewriting a step: the directory stops being a checkpoint before any of
-  // its files change.
-  if (std::filesystem::remove(dir / manifest_file_name, ec); ec)
-    throw checkpoint_error(checkpoint_errc::io, dir / manifest_file_name,
-                           "cannot remove: " + ec.message());
-  detail::sync_directory(dir);
-
+  const auto dir = prepare_checkpoint_dir(root, manifest.step);
   manifest.files.clear();
   for (const auto* l : ordered)
     manifest.files.push_back(write_layer_file(dir, *l));
@@ -218,10 +223,27 @@ layer_state read_layer_file(const std::filesystem::path& dir,
 
 checkpoint read_checkpoint(const std::filesystem::path& dir) {
   checkpoint c;
+  c.dir = dir;
   c.manifest = read_manifest(dir);
   for (const auto& record : c.manifest.files)
     c.layers.push_back(read_layer_file(dir, record));
   return c;
+}
+
+std::vector<layer_state> read_layers(const std::filesystem::path& dir,
+                                     const checkpoint_manifest& manifest,
+                                     int first, int end) {
+  const int layers = static_cast<int>(manifest.files.size());
+  if (first < 0 || end > layers || first > end)
+    throw checkpoint_error(checkpoint_errc::mismatch, dir / manifest_file_name,
+                           "layers [" + std::to_string(first) + ", " +
+                             std::to_string(end) + ") asked of a checkpoint of " +
+                             std::to_string(layers) + " layers");
+  std::vector<layer_state> out;
+  for (int l = first; l < end; ++l)
+    out.push_back(
+      read_layer_file(dir, manifest.files[static_cast<std::size_t>(l)]));
+  return out;
 }
 
 std::optional<std::filesystem::path>

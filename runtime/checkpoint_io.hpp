@@ -22,8 +22,9 @@ std::string hex32(std::uint32_t value);
                               const std::string& what);
 
 /// Creates or truncates `path`, writes `pieces` one after the other, fsyncs
-/// and closes it. Returns the size and CRC32C of what was written. Throws
-/// checkpoint_error(io).
+/// and closes it. Returns the size and CRC32C of what was written (computed
+/// while the disk writes: `pieces` must not change until this returns).
+/// Throws checkpoint_error(io).
 written_file
 write_file_synced(const std::filesystem::path& path,
                   std::span<const std::span<const std::uint8_t>> pieces);

@@ -1,9 +1,13 @@
 #include "h2/runtime/checkpointing.hpp"
 
+#include "checkpoint_io.hpp"
+
 #include "h2/core/error.hpp"
+#include "h2/core/random.hpp"
 #include "h2/transport/crc32c.hpp"
 
 #include <cstdio>
+#include <span>
 #include <fstream>
 #include <sstream>
 
@@ -121,67 +125,130 @@ void check_resumable(const checkpoint_manifest& saved, const job_config& job,
                          ": nothing to resume (raise train.steps or --steps)");
 }
 
+std::string write_checkpoint_marker(const std::filesystem::path& root) {
+  std::error_code ec;
+  std::filesystem::create_directories(root, ec);
+  if (ec)
+    throw checkpoint_error(checkpoint_errc::io, root,
+                           "cannot create: " + ec.message());
+  const std::string marker = random_hex(16);
+  const auto path = root / checkpoint_marker_file;
+  auto tmp = path;
+  tmp += ".tmp";
+  const std::span<const std::uint8_t> piece(
+    reinterpret_cast<const std::uint8_t*>(marker.data()), marker.size());
+  detail::write_file_synced(tmp, std::span(&piece, 1));
+  std::filesystem::rename(tmp, path, ec);
+  if (ec)
+    throw checkpoint_error(checkpoint_errc::io, path,
+                           "cannot rename into place: " + ec.message());
+  detail::sync_directory(root);
+  return marker;
+}
+
+void check_checkpoint_marker(const std::filesystem::path& root,
+                             const std::string& expected, int rank) {
+  const auto path = root / checkpoint_marker_file;
+  std::string seen;
+  try {
+    seen = detail::read_small_file(path, 4096);
+  } catch (const checkpoint_error&) {
+    seen.clear(); // missing or unreadable: not the directory rank 0 wrote
+  }
+  if (seen != expected)
+    throw config_error(
+      "checkpoint.dir",
+      "node " + std::to_string(rank) + " does not see the directory the "
+        "coordinator's node writes checkpoints to (" + path.string() +
+        (seen.empty() ? " is missing" : " differs") +
+        "): put checkpoint.dir on storage every node shares, at the same path");
+}
+
 checkpoint_writer::checkpoint_writer(std::filesystem::path root, int keep)
     : root_(std::move(root)), keep_(keep), thread_([this] { run(); }) {
 }
 
 checkpoint_writer::~checkpoint_writer() {
+  close();
+}
+
+void checkpoint_writer::close() {
   {
-    std::unique_lock<std::mutex> lock(mutex_);
-    changed_.wait(lock, [&] { return !busy_; });
+    std::lock_guard<std::mutex> guard(mutex_);
     stopping_ = true;
   }
   changed_.notify_all();
-  thread_.join();
+  std::call_once(joined_, [this] { thread_.join(); });
 }
 
-double checkpoint_writer::save(checkpoint_manifest manifest,
-                               std::vector<layer_state> layers) {
-  const auto start = std::chrono::steady_clock::now();
-  std::unique_lock<std::mutex> lock(mutex_);
-  changed_.wait(lock, [&] { return !busy_; });
-  const double waited =
-    std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
-      .count();
-  if (error_)
-    std::rethrow_exception(std::exchange(error_, nullptr));
-  next_manifest_ = std::move(manifest);
-  next_layers_ = std::move(layers);
-  busy_ = true;
-  lock.unlock();
+void checkpoint_writer::write_layers(std::int64_t step,
+                                     std::vector<layer_state> layers,
+                                     layers_written done) {
+  auto task = [this, step, layers = std::move(layers),
+               done = std::move(done)]() mutable {
+    std::vector<file_record> records;
+    std::exception_ptr failed;
+    try {
+      const auto dir = checkpoint_dir(root_, step);
+      for (const auto& l : layers) {
+        check_abandoned();
+        records.push_back(write_layer_file(dir, l));
+      }
+    } catch (...) {
+      failed = std::current_exception();
+    }
+    layers.clear(); // the host copies go before the callback
+    done(std::move(records), failed);
+  };
+  std::lock_guard<std::mutex> guard(mutex_);
+  if (stopping_)
+    return;
+  queue_.emplace_back(std::move(task));
   changed_.notify_all();
-  return waited;
 }
 
-void checkpoint_writer::finish() {
-  std::unique_lock<std::mutex> lock(mutex_);
-  changed_.wait(lock, [&] { return !busy_; });
-  if (error_)
-    std::rethrow_exception(std::exchange(error_, nullptr));
+void checkpoint_writer::publish(checkpoint_manifest manifest, published done) {
+  auto task = [this, manifest = std::move(manifest),
+               done = std::move(done)]() {
+    std::exception_ptr failed;
+    try {
+      check_abandoned();
+      write_manifest(checkpoint_dir(root_, manifest.step), manifest);
+      prune_checkpoints(root_, keep_);
+    } catch (...) {
+      failed = std::current_exception();
+    }
+    done(failed);
+  };
+  std::lock_guard<std::mutex> guard(mutex_);
+  if (stopping_)
+    return;
+  queue_.emplace_back(std::move(task));
+  changed_.notify_all();
+}
+
+void checkpoint_writer::abandon() noexcept {
+  abandoned_.store(true);
+}
+
+void checkpoint_writer::check_abandoned() const {
+  if (abandoned_.load())
+    throw cancelled_error("the checkpoint being written under " +
+                          root_.string() + " was abandoned");
 }
 
 void checkpoint_writer::run() {
   std::unique_lock<std::mutex> lock(mutex_);
   for (;;) {
-    changed_.wait(lock, [&] { return busy_ || stopping_; });
-    if (!busy_)
+    changed_.wait(lock, [&] { return !queue_.empty() || stopping_; });
+    if (queue_.empty())
       return;
-    auto manifest = std::move(next_manifest_);
-    auto layers = std::move(next_layers_);
+    auto task = std::move(queue_.front());
+    queue_.pop_front();
     lock.unlock();
-    std::exception_ptr failed;
-    try {
-      write_checkpoint(root_, std::move(manifest), layers);
-      prune_checkpoints(root_, keep_);
-    } catch (...) {
-      failed = std::current_exception();
-    }
-    layers.clear(); // the host copies go before the next save may start
+    task();
+    task = nullptr; // its captures (the layers) go outside the lock
     lock.lock();
-    if (failed)
-      error_ = failed;
-    busy_ = false;
-    changed_.notify_all();
   }
 }
 

@@ -10,6 +10,7 @@
 #include <cstring>
 #include <limits>
 
+#include <fcntl.h>
 #include <unistd.h>
 
 namespace h2::runtime {
@@ -266,10 +267,24 @@ safetensors_reader::read_tensors(std::uint32_t& crc32c) {
   H2_ENFORCE(::lseek(fd_, 0, SEEK_CUR) ==
                static_cast<off_t>(file_bytes_ - data_bytes_),
              "read_tensors called twice on ", path_.string());
+  // The disk reads ahead of the tensor being read while it is allocated
+  // and checksummed (docs/benchmarks.md, Checkpoints): a hint for the next
+  // read_ahead_bytes past each tensor, so a huge file is not asked for at
+  // once. Offsets are within the file (checked). Errors do not matter.
+  constexpr std::uint64_t read_ahead_bytes = 64ull << 20;
+  const std::uint64_t data_start = file_bytes_ - data_bytes_;
+  std::uint64_t hinted = 0; // relative to data_start
   std::vector<state_tensor> tensors;
   tensors.reserve(records_.size());
   std::uint32_t crc = header_crc32c_;
   for (std::size_t i = 0; i < records_.size(); ++i) {
+    const std::uint64_t want =
+      std::min(data_bytes_, spans_[i].end + read_ahead_bytes);
+    if (want > hinted) {
+      ::posix_fadvise(fd_, static_cast<off_t>(data_start + hinted),
+                      static_cast<off_t>(want - hinted), POSIX_FADV_WILLNEED);
+      hinted = want;
+    }
     // Sizes were checked against the file's size: this allocates at most
     // what the file holds.
     state_tensor t{records_[i].name, records_[i].dtype, records_[i].shape,

@@ -1,7 +1,9 @@
 // Checkpoints of a job in one process (docs/checkpoints.md): a run to step
 // N equals a run stopped at step K, saved, and resumed to N, bit for bit in
 // every loss, every parameter and every AdamW moment, also when the resumed
-// run has another plan (other stage boundaries, another number of chips).
+// run has another plan (other stage boundaries, another number of chips,
+// one or two data-parallel replicas); with three or more replicas, within
+// the bound of fp32 reassociation (issue 11, "Resume on another plan").
 #include "h2/actors/local_job.hpp"
 #include "h2/runtime/checkpoint_files.hpp"
 #include "h2/scheduler/plan_builder.hpp"
@@ -9,6 +11,9 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <random>
 
@@ -26,7 +31,8 @@ protected:
   }
   void TearDown() override { fs::remove_all(root_); }
 
-  /// Four fp32 chips of three kinds, 4 steps, checkpoints under `dir`.
+  /// Four chips of three kinds at their default dtype (bf16 compute), 4
+  /// steps, checkpoints under `dir`.
   std::shared_ptr<job_config> job(const std::string& dir) const {
     auto j = std::make_shared<job_config>(parse_job(small_job_toml(13) + R"(
 [[nodes]]
@@ -40,6 +46,32 @@ layers = [3, 3]
 dir = ")" + (root_ / dir).string() + R"("
 )",
                                                     "checkpoint.toml"));
+    j->train.steps = 4;
+    return j;
+  }
+
+  /// Four fp32 chips of three kinds for plans with replicas (built by hand:
+  /// the [plan] below is only the job file's), tiny all-reduce buckets so
+  /// that every layer's gradients travel in several, 4 steps, checkpoints
+  /// under `dir`. fp32 compute, the precision the bitwise claims are about
+  /// (without dtype, emulated chips compute in bf16).
+  std::shared_ptr<job_config> job_for_replicas(const std::string& dir) const {
+    auto j = std::make_shared<job_config>(parse_job(small_job_toml(13) + R"(
+[transport]
+bucket_mb = 0.001
+[[nodes]]
+chips = [{device = "emulated:h100-sxm", dtype = "fp32"},
+         {device = "emulated:mi250x", dtype = "fp32"},
+         {device = "emulated:a100-sxm-80gb", dtype = "fp32"},
+         {device = "emulated:mi300x", dtype = "fp32"}]
+[plan]
+mode = "manual"
+stages = ["0:0", "0:1"]
+layers = [3, 3]
+[checkpoint]
+dir = ")" + (root_ / dir).string() + R"("
+)",
+                                                    "replicas.toml"));
     j->train.steps = 4;
     return j;
   }
@@ -75,13 +107,128 @@ dir = ")" + (root_ / dir).string() + R"("
   fs::path root_;
 };
 
+/// Bitwise: float == would take -0 for +0.
 void expect_same_parameters(const std::vector<runtime::parameter_values>& a,
                             const std::vector<runtime::parameter_values>& b) {
   ASSERT_EQ(a.size(), b.size());
   for (std::size_t i = 0; i < a.size(); ++i) {
     EXPECT_EQ(a[i].name, b[i].name);
-    EXPECT_TRUE(a[i].values == b[i].values) << a[i].name;
+    ASSERT_EQ(a[i].values.size(), b[i].values.size()) << a[i].name;
+    EXPECT_EQ(0, std::memcmp(a[i].values.data(), b[i].values.data(),
+                             a[i].values.size() * sizeof(float)))
+      << a[i].name;
   }
+}
+
+/// Every tensor of two checkpoints (parameters and AdamW moments) holds the
+/// same bytes; there are moments to compare.
+void expect_same_state(const runtime::checkpoint& a,
+                       const runtime::checkpoint& b) {
+  EXPECT_EQ(a.manifest.step, b.manifest.step);
+  ASSERT_EQ(a.layers.size(), b.layers.size());
+  std::size_t moments = 0;
+  for (std::size_t l = 0; l < a.layers.size(); ++l) {
+    const auto& ta = a.layers[l].tensors;
+    const auto& tb = b.layers[l].tensors;
+    ASSERT_EQ(ta.size(), tb.size()) << "layer " << l;
+    for (std::size_t t = 0; t < ta.size(); ++t) {
+      EXPECT_EQ(ta[t].name, tb[t].name);
+      EXPECT_EQ(ta[t].dtype, tb[t].dtype) << ta[t].name;
+      EXPECT_EQ(ta[t].shape, tb[t].shape) << ta[t].name;
+      EXPECT_TRUE(ta[t].bytes == tb[t].bytes) << ta[t].name;
+      if (ta[t].name.ends_with(".exp_avg") ||
+          ta[t].name.ends_with(".exp_avg_sq"))
+        ++moments;
+    }
+  }
+  EXPECT_GT(moments, 0u);
+}
+
+/// Largest and mean absolute difference of two runs' parameters.
+struct parameter_difference {
+  double max = 0;
+  double mean = 0;
+};
+
+parameter_difference
+difference(const std::vector<runtime::parameter_values>& a,
+           const std::vector<runtime::parameter_values>& b) {
+  parameter_difference d;
+  EXPECT_EQ(a.size(), b.size());
+  double sum = 0;
+  std::size_t n = 0;
+  for (std::size_t i = 0; i < std::min(a.size(), b.size()); ++i) {
+    EXPECT_EQ(a[i].name, b[i].name);
+    EXPECT_EQ(a[i].values.size(), b[i].values.size()) << a[i].name;
+    for (std::size_t j = 0;
+         j < std::min(a[i].values.size(), b[i].values.size()); ++j) {
+      const double x = std::abs(static_cast<double>(a[i].values[j]) -
+                                static_cast<double>(b[i].values[j]));
+      d.max = std::max(d.max, x);
+      sum += x;
+      ++n;
+    }
+  }
+  d.mean = n > 0 ? sum / static_cast<double>(n) : 0;
+  return d;
+}
+
+/// The bound for a run whose gradients were summed in another order than
+/// the reference's, the reasoning of tests/actors/replicas_test
+/// (expect_close_to_reference), with its constants.
+///
+/// When the order is the same, runs are bitwise equal. A replica adds its
+/// micro-batches' gradients in order, ((0 + g1) + g2) + ..., and the ring
+/// all-reduce of two members adds a + b on one and b + a on the other, the
+/// same number. So two replicas (a micro-batches, then b) equal one replica
+/// of the same a + b micro-batches of the same size exactly when b = 1:
+/// (g1 + ... + ga) + g(a+1) is the one replica's running sum. With two
+/// micro-batches in the second replica, (g1 + g2) + (g3 + g4) is not
+/// ((g1 + g2) + g3) + g4; with three or more members the ring adds the
+/// partial sums starting at another member for each share of each bucket.
+/// (Another micro-batch size also rounds differently, in the forward pass
+/// already.)
+///
+/// Otherwise: a reassociation of a few fp32 terms, relative error ~1e-7
+/// per gradient element. A step's loss is a sum of fp32 terms whose inputs
+/// moved by as little: within 1e-5 relative. AdamW turns a gradient into a
+/// step of about lr whatever its size, so where a gradient is near zero a
+/// tiny difference can flip the step: at most 2 lr per step, 2 lr x steps
+/// in all (lr: the peak, train.lr); the mean difference stays orders of
+/// magnitude below it, 1e-4 lr.
+void expect_within_reassociation(
+  const job_config& job, const std::vector<double>& losses,
+  const std::vector<double>& reference_losses,
+  const std::vector<runtime::parameter_values>& params,
+  const std::vector<runtime::parameter_values>& reference_params) {
+  ASSERT_EQ(losses.size(), reference_losses.size());
+  for (std::size_t i = 0; i < losses.size(); ++i)
+    EXPECT_NEAR(losses[i], reference_losses[i], 1e-5 * reference_losses[i])
+      << "step " << i + 1;
+  const auto d = difference(params, reference_params);
+  EXPECT_LE(d.max, 2 * job.train.lr * job.train.steps);
+  EXPECT_LE(d.mean, 1e-4 * job.train.lr);
+}
+
+stage_plan stage(int chip, int first, int end) {
+  return stage_plan{chip_id{0, chip}, first, end, false};
+}
+
+/// A plan of `replicas`, validated against `job`.
+plan replica_plan_of(const job_config& job, std::vector<replica_plan> replicas,
+                     const std::string& origin) {
+  plan p;
+  p.schedule = schedule_kind::one_f_one_b;
+  p.replicas = std::move(replicas);
+  validate_plan(p, job, origin);
+  return p;
+}
+
+/// Concatenates the losses of a stopped run and of its resumption.
+std::vector<double> joined(std::vector<double> first,
+                           const std::vector<double>& second) {
+  first.insert(first.end(), second.begin(), second.end());
+  return first;
 }
 
 TEST_F(actors_checkpoint, stop_save_and_resume_equals_one_run) {
@@ -126,6 +273,120 @@ TEST_F(actors_checkpoint, resume_on_another_plan_equals_one_run) {
   EXPECT_EQ(second.losses,
             std::vector<double>(whole.losses.begin() + 2, whole.losses.end()));
   expect_same_parameters(second.params, whole.params);
+}
+
+// Two replicas whose second has one micro-batch sum every gradient as one
+// replica of the same micro-batches does (see expect_within_reassociation):
+// a run that changes between them at a checkpoint equals one that never
+// changes, bit for bit, in every loss, parameter and AdamW moment.
+TEST_F(actors_checkpoint, resume_on_two_replicas_equals_one_run) {
+  auto whole_job = job_for_replicas("whole");
+  const plan one = replica_plan_of(
+    *whole_job, {{{stage(0, 0, 3), stage(1, 3, 6)}, 2, 4}}, "one replica");
+  const auto whole = run(whole_job, one, 4);
+
+  // Saved under one replica of two chips [3, 3], resumed on four chips:
+  // two replicas cut [2, 4] (three micro-batches) and [4, 2] (one).
+  auto split_job = job_for_replicas("split");
+  const auto first = run(split_job, one, 2);
+  const plan two = replica_plan_of(*split_job,
+                                   {{{stage(2, 0, 2), stage(3, 2, 6)}, 2, 3},
+                                    {{stage(0, 0, 4), stage(1, 4, 6)}, 2, 1}},
+                                   "two replicas");
+  ASSERT_EQ(reduction_groups(two).size(), 3u);
+  const auto second = run(split_job, two, 4, latest("split"));
+
+  EXPECT_EQ(joined(first.losses, second.losses), whole.losses); // bitwise
+  expect_same_parameters(second.params, whole.params);
+  expect_same_state(*latest("whole"), *latest("split"));
+}
+
+TEST_F(actors_checkpoint, resume_from_two_replicas_equals_one_run) {
+  auto j = job_for_replicas("whole");
+  const plan two = replica_plan_of(*j,
+                                   {{{stage(0, 0, 3), stage(1, 3, 6)}, 4, 1},
+                                    {{stage(2, 0, 5), stage(3, 5, 6)}, 4, 1}},
+                                   "two replicas");
+  const auto whole = run(j, two, 4);
+
+  // Saved under two replicas on four chips, resumed on one replica of
+  // three chips [1, 2, 3].
+  auto split_job = job_for_replicas("split");
+  const auto first = run(split_job, two, 2);
+  const plan three = replica_plan_of(
+    *split_job, {{{stage(3, 0, 1), stage(1, 1, 3), stage(2, 3, 6)}, 4, 2}},
+    "three stages");
+  const auto second = run(split_job, three, 4, latest("split"));
+
+  EXPECT_EQ(joined(first.losses, second.losses), whole.losses); // bitwise
+  expect_same_parameters(second.params, whole.params);
+  expect_same_state(*latest("whole"), *latest("split"));
+}
+
+// Two replicas of two micro-batches each add (a1 + a2) + (b1 + b2) where
+// one replica adds ((a1 + a2) + b1) + b2: not bitwise, within the bound.
+TEST_F(actors_checkpoint, two_replicas_of_two_micro_batches_within_bound) {
+  auto whole_job = job_for_replicas("whole");
+  const plan one = replica_plan_of(
+    *whole_job, {{{stage(0, 0, 3), stage(1, 3, 6)}, 2, 4}}, "one replica");
+  const auto whole = run(whole_job, one, 4);
+
+  auto split_job = job_for_replicas("split");
+  const auto first = run(split_job, one, 2);
+  const plan two = replica_plan_of(*split_job,
+                                   {{{stage(2, 0, 2), stage(3, 2, 6)}, 2, 2},
+                                    {{stage(0, 0, 4), stage(1, 4, 6)}, 2, 2}},
+                                   "two replicas");
+  const auto second = run(split_job, two, 4, latest("split"));
+
+  expect_within_reassociation(*whole_job, joined(first.losses, second.losses),
+                              whole.losses, second.params, whole.params);
+}
+
+// Three or more replicas reassociate the gradient sums: within the bound
+// of expect_within_reassociation, both ways.
+TEST_F(actors_checkpoint, resume_on_three_replicas_within_reassociation) {
+  auto whole_job = job_for_replicas("whole");
+  const plan one = replica_plan_of(
+    *whole_job, {{{stage(0, 0, 3), stage(1, 3, 6)}, 2, 4}}, "one replica");
+  const auto whole = run(whole_job, one, 4);
+
+  // Saved under one replica of two chips, resumed on three replicas of
+  // four chips: two micro-batches on [4, 2], one on each whole-model chip.
+  auto split_job = job_for_replicas("split");
+  const auto first = run(split_job, one, 2);
+  const plan three = replica_plan_of(*split_job,
+                                     {{{stage(0, 0, 4), stage(1, 4, 6)}, 2, 2},
+                                      {{stage(2, 0, 6)}, 2, 1},
+                                      {{stage(3, 0, 6)}, 2, 1}},
+                                     "three replicas");
+  const auto second = run(split_job, three, 4, latest("split"));
+
+  expect_within_reassociation(*whole_job, joined(first.losses, second.losses),
+                              whole.losses, second.params, whole.params);
+}
+
+TEST_F(actors_checkpoint, resume_from_four_replicas_within_reassociation) {
+  auto whole_job = job_for_replicas("whole");
+  const plan three_stages = replica_plan_of(
+    *whole_job, {{{stage(1, 0, 2), stage(2, 2, 3), stage(0, 3, 6)}, 2, 4}},
+    "three stages");
+  const auto whole = run(whole_job, three_stages, 4);
+
+  // Saved under four replicas of one chip each, resumed on one replica of
+  // three chips.
+  auto split_job = job_for_replicas("split");
+  const plan four = replica_plan_of(*split_job,
+                                    {{{stage(0, 0, 6)}, 2, 1},
+                                     {{stage(1, 0, 6)}, 2, 1},
+                                     {{stage(2, 0, 6)}, 2, 1},
+                                     {{stage(3, 0, 6)}, 2, 1}},
+                                    "four replicas");
+  const auto first = run(split_job, four, 2);
+  const auto second = run(split_job, three_stages, 4, latest("split"));
+
+  expect_within_reassociation(*whole_job, joined(first.losses, second.losses),
+                              whole.losses, second.params, whole.params);
 }
 
 TEST_F(actors_checkpoint, saves_every_n_steps_and_keeps_the_newest) {

@@ -30,38 +30,50 @@ protected:
     return run_to_end(launch_binary, args, dir_, run_timeout);
   }
 
-  std::vector<double> losses(const std::filesystem::path& log) {
-    std::vector<double> out;
-    for (const auto& j : events(json_log(read_text(log)), "step"))
-      out.push_back(j.at("loss").get<double>());
-    return out;
+  /// A run to step 6 equals --stop-after 3, then --resume latest to 6, bit
+  /// for bit in every loss; `nodes` adds --nodes 2 to the split runs (the
+  /// whole run is in one process: the same math either way).
+  void expect_resume_equals_one_run(std::vector<std::string> nodes) {
+    auto whole_job =
+      dir_.write("whole.toml", replaced(small_job, "steps = 20", "steps = 6"));
+    auto r = launch(
+      {whole_job.string(), "--json-log", (dir_ / "whole.jsonl").string()});
+    ASSERT_TRUE(r.status.exited && r.status.code == 0) << r.err;
+
+    auto j = job("job.toml");
+    std::vector<std::string> first = {j.string(), "--stop-after", "3",
+                                      "--json-log",
+                                      (dir_ / "first.jsonl").string()};
+    first.insert(first.end(), nodes.begin(), nodes.end());
+    r = launch(first);
+    ASSERT_TRUE(r.status.exited && r.status.code == 0) << r.err;
+    EXPECT_TRUE(std::filesystem::exists(
+      dir_ / "checkpoints" / "step-00000003" / "manifest.json"));
+    std::vector<std::string> second = {j.string(), "--resume", "latest",
+                                       "--json-log",
+                                       (dir_ / "second.jsonl").string()};
+    second.insert(second.end(), nodes.begin(), nodes.end());
+    r = launch(second);
+    ASSERT_TRUE(r.status.exited && r.status.code == 0) << r.err;
+    EXPECT_NE(r.out.find("h2: resuming from"), std::string::npos) << r.out;
+
+    auto split = logged_losses(dir_ / "first.jsonl");
+    auto rest = logged_losses(dir_ / "second.jsonl");
+    split.insert(split.end(), rest.begin(), rest.end());
+    EXPECT_EQ(split, logged_losses(dir_ / "whole.jsonl")); // bitwise
   }
 
   scratch_dir dir_;
 };
 
 TEST_F(apps_checkpoint, stop_after_then_resume_latest_equals_one_run) {
-  auto whole_job =
-    dir_.write("whole.toml", replaced(small_job, "steps = 20", "steps = 6"));
-  auto r =
-    launch({whole_job.string(), "--json-log", (dir_ / "whole.jsonl").string()});
-  ASSERT_TRUE(r.status.exited && r.status.code == 0) << r.err;
+  expect_resume_equals_one_run({});
+}
 
-  auto j = job("job.toml");
-  r = launch({j.string(), "--stop-after", "3", "--json-log",
-              (dir_ / "first.jsonl").string()});
-  ASSERT_TRUE(r.status.exited && r.status.code == 0) << r.err;
-  EXPECT_TRUE(std::filesystem::exists(dir_ / "checkpoints" / "step-00000003" /
-                                      "manifest.json"));
-  r = launch({j.string(), "--resume", "latest", "--json-log",
-              (dir_ / "second.jsonl").string()});
-  ASSERT_TRUE(r.status.exited && r.status.code == 0) << r.err;
-  EXPECT_NE(r.out.find("h2: resuming from"), std::string::npos) << r.out;
-
-  auto split = losses(dir_ / "first.jsonl");
-  auto rest = losses(dir_ / "second.jsonl");
-  split.insert(split.end(), rest.begin(), rest.end());
-  EXPECT_EQ(split, losses(dir_ / "whole.jsonl")); // bitwise
+TEST_F(apps_checkpoint, the_same_holds_over_two_nodes) {
+  expect_resume_equals_one_run({"--nodes", "2"});
+  // Each node wrote its own layers; rank 0 the manifest and the marker.
+  EXPECT_TRUE(std::filesystem::exists(dir_ / "checkpoints" / "h2-job-marker"));
 }
 
 TEST_F(apps_checkpoint, a_checkpoint_of_another_model_is_refused) {

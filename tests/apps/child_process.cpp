@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <spawn.h>
@@ -11,7 +12,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <cstdlib>
 #include <csignal>
 #include <cstring>
 #include <fstream>
@@ -273,6 +276,44 @@ std::vector<std::string> shm_entries(const std::string& prefix) {
       out.push_back(name);
   }
   return out;
+}
+
+scoped_env::scoped_env(std::string name, const std::string& value)
+    : name_(std::move(name)) {
+  ::setenv(name_.c_str(), value.c_str(), 1);
+}
+
+scoped_env::~scoped_env() {
+  ::unsetenv(name_.c_str());
+}
+
+pid_t node_pid(pid_t parent, int rank) {
+  DIR* proc = ::opendir("/proc");
+  if (proc == nullptr)
+    return -1;
+  pid_t found = -1;
+  while (auto* e = ::readdir(proc)) {
+    pid_t pid = static_cast<pid_t>(std::atoi(e->d_name));
+    if (pid <= 0)
+      continue;
+    std::string stat = read_text("/proc/" + std::to_string(pid) + "/stat");
+    auto close = stat.rfind(')');
+    if (close == std::string::npos)
+      continue;
+    std::istringstream rest(stat.substr(close + 2));
+    char state;
+    pid_t ppid = 0;
+    rest >> state >> ppid;
+    if (ppid != parent)
+      continue;
+    std::string cmd = read_text("/proc/" + std::to_string(pid) + "/cmdline");
+    std::replace(cmd.begin(), cmd.end(), '\0', ' ');
+    if (cmd.find("--node-rank " + std::to_string(rank) + " ") !=
+        std::string::npos)
+      found = pid;
+  }
+  ::closedir(proc);
+  return found;
 }
 
 } // namespace h2::test

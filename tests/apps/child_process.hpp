@@ -125,6 +125,23 @@ run_result run_to_end(const std::string& program,
 /// socket call has a 10 s timeout.
 std::string http_get(int port, const std::string& path);
 
+/// Sets an environment variable for this scope (children inherit it).
+class scoped_env {
+public:
+  scoped_env(std::string name, const std::string& value);
+  ~scoped_env();
+
+  scoped_env(const scoped_env&) = delete;
+  scoped_env& operator=(const scoped_env&) = delete;
+
+private:
+  std::string name_;
+};
+
+/// The pid of the h2-node child of `parent` running `--node-rank rank`
+/// (-1: none yet).
+pid_t node_pid(pid_t parent, int rank);
+
 /// Entries of /dev/shm whose name starts with `prefix`.
 std::vector<std::string> shm_entries(const std::string& prefix);
 

@@ -9,7 +9,6 @@
 
 #include <csignal>
 #include <cstdlib>
-#include <dirent.h>
 #include <fstream>
 #include <regex>
 #include <sstream>
@@ -27,58 +26,6 @@ const std::string node_binary = H2_NODE;
 std::string demo_job(const std::string& nodes) {
   return replaced(demo_job_with_nodes(H2_SOURCE_DIR, nodes),
                   "clock = \"wall\"", "clock = \"virtual\"");
-}
-
-/// The per-step losses of a JSON log.
-std::vector<double> losses(const std::filesystem::path& log) {
-  std::vector<double> out;
-  for (const auto& j : events(json_log(read_text(log)), "step"))
-    out.push_back(j.at("loss").get<double>());
-  return out;
-}
-
-/// Sets an environment variable for this scope (children inherit it).
-class scoped_env {
-public:
-  scoped_env(std::string name, const std::string& value)
-      : name_(std::move(name)) {
-    ::setenv(name_.c_str(), value.c_str(), 1);
-  }
-  ~scoped_env() { ::unsetenv(name_.c_str()); }
-
-private:
-  std::string name_;
-};
-
-/// The pid of the h2-node child of `parent` running `--node-rank rank`
-/// (-1: none yet).
-pid_t node_pid(pid_t parent, int rank) {
-  DIR* proc = ::opendir("/proc");
-  if (proc == nullptr)
-    return -1;
-  pid_t found = -1;
-  while (auto* e = ::readdir(proc)) {
-    pid_t pid = static_cast<pid_t>(std::atoi(e->d_name));
-    if (pid <= 0)
-      continue;
-    std::string stat = read_text("/proc/" + std::to_string(pid) + "/stat");
-    auto close = stat.rfind(')');
-    if (close == std::string::npos)
-      continue;
-    std::istringstream rest(stat.substr(close + 2));
-    char state;
-    pid_t ppid = 0;
-    rest >> state >> ppid;
-    if (ppid != parent)
-      continue;
-    std::string cmd = read_text("/proc/" + std::to_string(pid) + "/cmdline");
-    std::replace(cmd.begin(), cmd.end(), '\0', ' ');
-    if (cmd.find("--node-rank " + std::to_string(rank) + " ") !=
-        std::string::npos)
-      found = pid;
-  }
-  ::closedir(proc);
-  return found;
 }
 
 /// Waits for rank 0's "coordinator at HOST:PORT" line; returns HOST:PORT
@@ -180,12 +127,13 @@ chips = ["emulated:h100-sxm", "emulated:mi250x",
       << r.out;
   }
 
-  auto reference = losses(dir_ / "one.jsonl");
+  auto reference = logged_losses(dir_ / "one.jsonl");
   ASSERT_EQ(reference.size(), 3u);
   const auto params = read_text(dir_ / "one.safetensors");
   ASSERT_FALSE(params.empty());
   for (const char* name : {"two", "four", "two-tcp", "four-tcp"}) {
-    EXPECT_EQ(losses(dir_ / (std::string(name) + ".jsonl")), reference) << name;
+    EXPECT_EQ(logged_losses(dir_ / (std::string(name) + ".jsonl")), reference)
+      << name;
     EXPECT_TRUE(read_text(dir_ / (std::string(name) + ".safetensors")) ==
                 params)
       << name << ": the trained parameters differ from the single process's";
@@ -207,8 +155,8 @@ TEST_F(apps_cluster, replicas_on_two_nodes_equal_the_single_process_run) {
       args.insert(args.end(), {"--nodes", nodes});
     launch_ok(args);
   }
-  EXPECT_EQ(losses(dir_ / "1.jsonl"), losses(dir_ / "2.jsonl"));
-  EXPECT_EQ(losses(dir_ / "1.jsonl").size(), 4u);
+  EXPECT_EQ(logged_losses(dir_ / "1.jsonl"), logged_losses(dir_ / "2.jsonl"));
+  EXPECT_EQ(logged_losses(dir_ / "1.jsonl").size(), 4u);
   EXPECT_TRUE(read_text(dir_ / "1.safetensors") ==
               read_text(dir_ / "2.safetensors"));
 }
@@ -329,6 +277,43 @@ TEST_F(apps_cluster, a_node_without_the_secret_is_refused) {
     << r.err;
   // The coordinator still waits for a real node 1; nothing reached node 1.
   EXPECT_TRUE(rank0.running());
+  EXPECT_TRUE(step_lines(rank0.out()).empty());
+}
+
+TEST_F(apps_cluster, nodes_that_see_other_checkpoint_directories_refuse) {
+  // A relative checkpoint.dir and nodes in different working directories:
+  // two directories, as unshared storage would give.
+  auto job =
+    dir_.write("job.toml", small_job + "\n[checkpoint]\ndir = \"ck\"\n");
+  auto secret = dir_.write("secret", "0123456789abcdef0123456789abcdef");
+  std::filesystem::create_directories(dir_ / "a");
+  std::filesystem::create_directories(dir_ / "b");
+  auto node_in = [&](const std::string& cwd, int rank,
+                     const std::string& coordinator) {
+    return std::vector<std::string>{
+      "-c", "cd " + (dir_ / cwd).string() + " && exec " + node_binary +
+              " --job " + job.string() + " --node-rank " +
+              std::to_string(rank) + " --world-size 2 --coordinator " +
+              coordinator + " --secret-file " + secret.string() +
+              " --no-metrics -q"};
+  };
+  child_process rank0("/bin/sh", node_in("a", 0, "127.0.0.1:0"),
+                      dir_ / "out0.txt", dir_ / "err0.txt");
+  const std::string coordinator = coordinator_of(rank0);
+  ASSERT_FALSE(coordinator.empty()) << rank0.err();
+  child_process rank1("/bin/sh", node_in("b", 1, coordinator),
+                      dir_ / "out1.txt", dir_ / "err1.txt");
+  auto s1 = rank1.wait(run_timeout);
+  auto s0 = rank0.wait(run_timeout);
+  for (const auto& [s, err] :
+       {std::pair{s0, rank0.err()}, {s1, rank1.err()}}) {
+    EXPECT_TRUE(s.exited && s.code == 2) << s.describe() << err;
+    expect_one_line(err);
+    EXPECT_NE(err.find("node 1 does not see the directory the coordinator's "
+                       "node writes checkpoints to"),
+              std::string::npos)
+      << err;
+  }
   EXPECT_TRUE(step_lines(rank0.out()).empty());
 }
 

@@ -131,6 +131,14 @@ events(const std::vector<nlohmann::json>& log, const std::string& event) {
 
 /// Number of complete step objects in a JSON log being written (complete
 /// lines only: the last line may still be in flight).
+/// The per-step training losses of a JSON log file, in order.
+inline std::vector<double> logged_losses(const std::filesystem::path& log) {
+  std::vector<double> out;
+  for (const auto& j : events(json_log(read_text(log)), "step"))
+    out.push_back(j.at("loss").get<double>());
+  return out;
+}
+
 inline int logged_steps(const std::string& text) {
   int n = 0;
   std::size_t start = 0;

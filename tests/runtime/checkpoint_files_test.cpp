@@ -3,6 +3,7 @@
 // scan, pruning, and crashes at each point of the write path.
 #include "h2/core/error.hpp"
 #include "h2/runtime/checkpoint_files.hpp"
+#include "h2/runtime/checkpointing.hpp"
 #include "h2/transport/crc32c.hpp"
 
 #include <gtest/gtest.h>
@@ -12,6 +13,7 @@
 #include <cstring>
 #include <fstream>
 #include <functional>
+#include <future>
 #include <iterator>
 
 #include <signal.h>
@@ -669,6 +671,102 @@ TEST(runtime_checkpoint_files, write_safetensors_matches_the_export_layout) {
   EXPECT_EQ(crc, w.crc32c);
   EXPECT_THROW(write_safetensors(path, tensors, {{"producer", "x"}}),
                internal_error);
+}
+
+// The background writer (runtime/checkpointing.hpp): layer files from any
+// number of write_layers calls (one per chip), then the manifest; and a
+// save abandoned part-way (a second signal) publishes nothing.
+
+TEST(runtime_checkpoint_writer, writes_layers_then_publishes_the_manifest) {
+  temp_dir root;
+  auto layers = sample_layers();
+  prepare_checkpoint_dir(root.path(), 4);
+  std::vector<file_record> records;
+  {
+    checkpoint_writer writer(root.path(), 2);
+    std::promise<void> written;
+    // Two chips: layers {0, 1} and {2}, any order of completion.
+    auto part = [&](std::vector<layer_state> mine, bool last) {
+      writer.write_layers(4, std::move(mine),
+                          [&, last](std::vector<file_record> r,
+                                    std::exception_ptr e) {
+                            ASSERT_FALSE(e);
+                            records.insert(records.end(), r.begin(), r.end());
+                            if (last)
+                              written.set_value();
+                          });
+    };
+    part({layers[0], layers[1]}, false);
+    part({layers[2]}, true);
+    written.get_future().wait();
+    auto manifest = sample_manifest(4);
+    manifest.files = records;
+    std::promise<std::exception_ptr> published;
+    writer.publish(manifest, [&](std::exception_ptr e) {
+      published.set_value(e);
+    });
+    EXPECT_FALSE(published.get_future().get());
+  }
+  auto back = read_checkpoint(checkpoint_dir(root.path(), 4));
+  EXPECT_EQ(back.manifest.files, records);
+  EXPECT_EQ(back.layers, layers);
+}
+
+TEST(runtime_checkpoint_writer, an_abandoned_save_publishes_nothing) {
+  temp_dir root;
+  auto layers = sample_layers();
+  auto manifest = sample_manifest(2);
+  write_checkpoint(root.path(), manifest, layers);
+
+  checkpoint_writer writer(root.path(), 2);
+  // Hold the writer's thread inside a first write's callback, queue the
+  // save of step 4 behind it, abandon, then let go.
+  std::promise<void> holding, release;
+  writer.write_layers(2, {layers[0]},
+                      [&](std::vector<file_record>, std::exception_ptr) {
+                        holding.set_value();
+                        release.get_future().wait();
+                      });
+  holding.get_future().wait();
+  prepare_checkpoint_dir(root.path(), 4);
+  int cancelled = 0;
+  writer.write_layers(4, layers,
+                      [&](std::vector<file_record> r, std::exception_ptr e) {
+                        EXPECT_TRUE(r.empty());
+                        EXPECT_THROW(std::rethrow_exception(e),
+                                     cancelled_error);
+                        ++cancelled;
+                      });
+  manifest.step = 4;
+  writer.publish(manifest, [&](std::exception_ptr e) {
+    EXPECT_THROW(std::rethrow_exception(e), cancelled_error);
+    ++cancelled;
+  });
+  writer.abandon();
+  release.set_value();
+  writer.close();
+  EXPECT_EQ(cancelled, 2); // both told, so nobody waits for them
+  EXPECT_FALSE(fs::exists(checkpoint_dir(root.path(), 4) / manifest_file_name));
+  EXPECT_EQ(latest_checkpoint(root.path(), nullptr),
+            checkpoint_dir(root.path(), 2));
+  EXPECT_NO_THROW(read_checkpoint(checkpoint_dir(root.path(), 2)));
+}
+
+TEST(runtime_checkpoint_writer, the_marker_tells_nodes_apart_by_directory) {
+  temp_dir root;
+  const auto marker = write_checkpoint_marker(root.path() / "shared");
+  EXPECT_NO_THROW(
+    check_checkpoint_marker(root.path() / "shared", marker, 1));
+  try {
+    check_checkpoint_marker(root.path() / "elsewhere", marker, 3);
+    FAIL() << "a directory without the marker was accepted";
+  } catch (const config_error& e) {
+    EXPECT_NE(std::string(e.what()).find("checkpoint.dir"), std::string::npos);
+    EXPECT_NE(std::string(e.what()).find("node 3"), std::string::npos);
+  }
+  EXPECT_THROW(check_checkpoint_marker(root.path() / "shared",
+                                       write_checkpoint_marker(root.path()), 1),
+               config_error);
 }
 
 } // namespace

@@ -12,7 +12,8 @@ using eval_atom = caf::atom_constant<caf::atom("eval")>;
 using train_atom = caf::atom_constant<caf::atom("train")>;
 using params_atom = caf::atom_constant<caf::atom("params")>;
 using snapshot_atom = caf::atom_constant<caf::atom("snapshot")>;
-using restore_atom = caf::atom_constant<caf::atom("restore")>;
+using written_atom = caf::atom_constant<caf::atom("written")>;
+using saved_atom = caf::atom_constant<caf::atom("saved")>;
 
 // The cluster: joining, assignments, liveness, the end of a job.
 using hello_atom = caf::atom_constant<caf::atom("hello")>;

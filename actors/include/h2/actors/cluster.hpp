@@ -1,10 +1,10 @@
 // A job across several h2-node processes (one per node, on one host or
-// many). Rank 0 hosts the coordinator: nodes join it through CAF remote
-// actors and prove they know the job's secret before anything else reaches
-// them; it plans, tells every node its chips and channels (addresses
-// exchanged through it), runs the scheduler actor over every node's chip
-// actors, watches the nodes (CAF monitors and heartbeats), and ends the job
-// everywhere when one fails.
+// many). The lowest rank (0) hosts the coordinator: nodes join it through
+// CAF remote actors and prove they know the job's secret before anything
+// else reaches them; it plans, tells every node its chips and channels
+// (addresses exchanged through it), runs the scheduler actor over every
+// node's chip actors, watches the nodes (CAF monitors and heartbeats), and
+// ends the job everywhere when one fails.
 #pragma once
 
 #include "h2/actors/errors.hpp"
@@ -31,7 +31,10 @@ struct node_options {
   std::shared_ptr<const job_config> job;
   std::string job_digest; ///< transport::job_digest of the job file's text
   int rank = 0;
-  int world_size = 1;
+  int world_size = 1; ///< the job's nodes (job->nodes: their ranks)
+  /// The node that hosts the coordinator: the job's lowest rank (0 unless
+  /// node 0 was excluded after it failed).
+  int coordinator_rank = 0;
   /// The coordinator's address (rank 0 listens there; port 0: any).
   std::string coordinator_host = "127.0.0.1";
   std::uint16_t coordinator_port = 0;

@@ -30,6 +30,7 @@ enum class errc : std::uint8_t {
   internal,
   failed, ///< any other failure
   step_timeout, ///< a chip did not answer within runtime.step_timeout_seconds
+  checkpoint,   ///< a checkpoint could not be written or read
 };
 
 /// The caf::error category atom of H2's errors.

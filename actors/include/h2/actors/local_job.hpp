@@ -7,6 +7,7 @@
 #include "h2/core/job.hpp"
 #include "h2/core/plan.hpp"
 #include "h2/runtime/checkpoint_files.hpp"
+#include "h2/runtime/checkpointing.hpp"
 #include "h2/runtime/observer.hpp"
 #include "h2/transport/channel.hpp"
 
@@ -44,8 +45,7 @@ struct run_options {
 
 class local_job {
 public:
-  /// `p` must be valid for `job` (validate_plan) and have one replica;
-  /// throws config_error otherwise.
+  /// `p` must be valid for `job` (validate_plan).
   local_job(std::shared_ptr<const job_config> job, plan p);
   ~local_job();
 
@@ -58,7 +58,7 @@ public:
   /// saves every checkpoint.every steps and at the end (a stop included),
   /// and returns once the last save is on disk. Blocks. Throws run_error
   /// with the root cause when a chip fails (every chip is stopped and every
-  /// resource released first), runtime::checkpoint_error when a save fails.
+  /// resource released first), errc::checkpoint when a save fails.
   runtime::run_summary run(const run_options& opts,
                            runtime::training_observer& observer,
                            std::shared_ptr<std::atomic<int>> stop = nullptr);
@@ -75,8 +75,9 @@ public:
   parameters_of(const chip_id& chip) const;
 
   /// Fails the step in flight at once: cancels every chip's waits and op
-  /// loop and closes every channel. A run aborted before it starts fails at
-  /// once. Thread-safe; may be called from a signal watcher.
+  /// loop, closes every channel and abandons a checkpoint being written (the
+  /// previous one stays the latest). A run aborted before it starts fails
+  /// at once. Thread-safe; may be called from a signal watcher.
   void abort() noexcept;
 
 private:
@@ -85,6 +86,7 @@ private:
   std::shared_ptr<cancellation> cancel_ = std::make_shared<cancellation>();
   std::mutex mutex_;
   std::vector<std::shared_ptr<transport::channel>> channels_;
+  std::shared_ptr<runtime::checkpoint_writer> writer_; ///< during a run
   std::vector<runtime::parameter_values> parameters_;
   std::map<chip_id, std::vector<runtime::parameter_values>> chip_parameters_;
 };

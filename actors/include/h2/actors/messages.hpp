@@ -1,10 +1,11 @@
 // How the runtime's plain structs (runtime/reports.hpp, step_summary.hpp,
-// observer.hpp, links.hpp, safetensors.hpp) travel in CAF messages: their inspect()
-// overloads, found by argument-dependent lookup, so the same messages can
-// cross nodes. The structs themselves know nothing of CAF.
+// observer.hpp, links.hpp, safetensors.hpp, checkpoint_files.hpp) travel in
+// CAF messages: their inspect() overloads, found by argument-dependent
+// lookup, so the same messages can cross nodes. The structs themselves know nothing of CAF.
 #pragma once
 
 #include "h2/core/chip_id.hpp"
+#include "h2/runtime/checkpoint_files.hpp"
 #include "h2/runtime/links.hpp"
 #include "h2/runtime/observer.hpp"
 #include "h2/runtime/reports.hpp"
@@ -147,6 +148,17 @@ typename Inspector::result_type inspect(Inspector& f, state_tensor& x) {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, layer_state& x) {
   return f(caf::meta::type_name("layer_state"), x.layer, x.tensors);
+}
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, tensor_record& x) {
+  return f(caf::meta::type_name("tensor_record"), x.name, x.dtype, x.shape);
+}
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, file_record& x) {
+  return f(caf::meta::type_name("file_record"), x.file, x.layer, x.bytes,
+           x.crc32c, x.tensors);
 }
 
 } // namespace h2::runtime

@@ -28,12 +28,12 @@ struct run_context {
   runtime::training_observer* observer = nullptr; ///< outlives the run
   /// Set (to 1) to stop at the next step boundary.
   std::shared_ptr<std::atomic<int>> stop;
-  /// Steps already trained (a resumed run starts there).
+  /// Steps already trained (a resumed run starts there; its chips loaded
+  /// their layers at set-up).
   int first_step = 0;
-  /// The state to load into the chips before the first step (a resumed
-  /// run), every layer of the model; null: the chips' initial weights.
-  std::shared_ptr<const std::vector<runtime::layer_state>> restore;
-  /// Saves checkpoints (the job's [checkpoint]); null: none.
+  /// The driving node's checkpoint writer (the job's [checkpoint]): it
+  /// publishes each checkpoint's manifest once every chip's layer files are
+  /// written; null: no checkpoints.
   std::shared_ptr<runtime::checkpoint_writer> checkpoints;
   /// What every checkpoint's manifest says of the job (runtime::
   /// job_manifest, made once per run); the saver sets its step.
@@ -51,12 +51,12 @@ std::chrono::milliseconds step_timeout(const job_config& job);
 failure request_failure(const caf::error& e, const job_config& job,
                         const chip_id& chip);
 
-/// Spawns the scheduler actor. After setting up every chip (and loading
-/// ctx->restore into them), it trains from ctx->first_step until `steps`
-/// steps are done or a stop, saving a checkpoint every checkpoint.every
-/// steps and at the end when ctx->checkpoints is set, and answers
-/// (train_atom, int steps) with a runtime::run_summary, or with the root
-/// cause of a failure as an H2 caf::error.
+/// Spawns the scheduler actor. After setting up every chip, it trains from
+/// ctx->first_step until `steps` steps are done or a stop, saving a
+/// checkpoint every checkpoint.every steps and at the end when
+/// ctx->checkpoints is set (docs/checkpoints.md), and answers (train_atom,
+/// int steps) with a runtime::run_summary once the last checkpoint is on
+/// disk, or with the root cause of a failure as an H2 caf::error.
 caf::actor spawn_scheduler(caf::actor_system& system,
                            std::shared_ptr<run_context> ctx);
 

@@ -26,6 +26,10 @@ struct reporter_options {
   /// HeteroAuto's predicted step time (plan.mode = "auto"): exported as
   /// h2_predicted_step_seconds and set beside the measured one at the end.
   std::optional<double> predicted_step_seconds;
+  /// Times the job was restarted on its surviving chips before this run
+  /// (h2-launch --nodes with [restart]): exported as h2_restarts_total;
+  /// above 0 the JSON log is appended to, after a "restart" event.
+  int restarts = 0;
 };
 
 class reporter final : public runtime::training_observer {
@@ -39,7 +43,8 @@ public:
                 const std::vector<runtime::setup_report>& chips) override;
   void on_step(const runtime::step_summary& s) override;
   void on_eval(int step, double val_loss) override;
-  void on_checkpoint(int steps, double waited_seconds) override;
+  void on_checkpoint(int steps, double waited_seconds,
+                     double stall_seconds) override;
 
   /// Prints the summary and writes the trace (if asked for).
   void finish(const runtime::run_summary& summary);

@@ -48,6 +48,18 @@ int parse_and_run(CLI::App& cli, int argc, char** argv,
 std::shared_ptr<job_config> load_job(const std::string& path,
                                      const run_flags& flags);
 
+/// Marks the chips of the nodes `ranks` unavailable (a restart after they
+/// failed, docs/checkpoints.md): drops those nodes from `job`, and lets
+/// HeteroAuto plan the chips that are left (plan.mode = "auto"; chip ids
+/// do not change). Throws config_error("--exclude-nodes") for a rank the
+/// job does not have, or when no node is left.
+void exclude_nodes(job_config& job, const std::vector<int>& ranks);
+
+/// What the nodes of a job compare when they join (transport::job_digest of
+/// it): the job file's text and the nodes excluded from it.
+std::string job_identity(const std::string& text,
+                         const std::vector<int>& excluded);
+
 /// The job file's text (the built-in demo's when `path` is empty).
 std::string job_text(const std::string& path);
 

@@ -160,6 +160,13 @@ struct checkpoint_config {
   int keep = 3;    ///< complete checkpoints kept (older ones are removed)
 };
 
+/// [restart]: what h2-launch --nodes does when a node fails (docs/
+/// checkpoints.md): end the others, re-plan on the chips that are left and
+/// resume from the last complete checkpoint, at most `max` times.
+struct restart_config {
+  int max = 0; ///< 0: a failed node ends the job
+};
+
 struct security_config {
   /// The job's secret (a token file every node reads); required when the
   /// job runs in several processes.
@@ -181,6 +188,7 @@ struct job_config {
   transport_config transport;
   runtime_config runtime;
   checkpoint_config checkpoint;
+  restart_config restart;
   security_config security;
   topology_config topology; ///< [topology]: link tiers (core/topology.hpp)
   catalog profiles;         ///< built-in profiles plus the job's [profiles.*]

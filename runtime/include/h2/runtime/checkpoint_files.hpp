@@ -59,6 +59,7 @@ struct checkpoint_manifest {
 
 /// A whole checkpoint in host memory.
 struct checkpoint {
+  std::filesystem::path dir; ///< where it was read from
   checkpoint_manifest manifest;
   std::vector<layer_state> layers; ///< layers[i].layer == i
 };
@@ -87,11 +88,17 @@ file_record write_layer_file(const std::filesystem::path& dir,
 void write_manifest(const std::filesystem::path& dir,
                     const checkpoint_manifest& manifest);
 
+/// Makes checkpoint_dir(`root`, `step`) ready for a save and returns it:
+/// creates it (and `root`) and removes a manifest already there, durably,
+/// so that rewriting a step unpublishes it before any of its files change.
+/// Throws checkpoint_error(io).
+std::filesystem::path prepare_checkpoint_dir(const std::filesystem::path& root,
+                                             std::int64_t step);
+
 /// Writes a whole checkpoint to checkpoint_dir(`root`, manifest.step):
-/// creates the directory (and `root`), removes a manifest already there
-/// first, writes every layer file, then the manifest with their records
-/// (`manifest.files` is replaced). `layers` must hold layers 0..n-1 (any
-/// order). Returns the directory.
+/// prepare_checkpoint_dir, every layer file, then the manifest with their
+/// records (`manifest.files` is replaced). `layers` must hold layers 0..n-1
+/// (any order). Returns the directory.
 std::filesystem::path write_checkpoint(const std::filesystem::path& root,
                                        checkpoint_manifest manifest,
                                        const std::vector<layer_state>& layers);
@@ -114,6 +121,14 @@ layer_state read_layer_file(const std::filesystem::path& dir,
 
 /// The manifest and every layer file of `dir`, or a checkpoint_error.
 checkpoint read_checkpoint(const std::filesystem::path& dir);
+
+/// Layers [`first`, `end`) of the checkpoint in `dir` whose manifest is
+/// `manifest` (read_manifest), each read and checked by read_layer_file:
+/// what one chip of a resumed run loads. Throws checkpoint_error, also
+/// when the manifest has no such layer.
+std::vector<layer_state> read_layers(const std::filesystem::path& dir,
+                                     const checkpoint_manifest& manifest,
+                                     int first, int end);
 
 /// The newest checkpoint directory under `root` (by step) whose manifest
 /// reads and names its step; nullopt if there is none (or no `root`). Each

@@ -1,19 +1,23 @@
 // A job's checkpoints (docs/checkpoints.md): the manifest of a job at a
 // step, whether a checkpoint may resume a job, and the background writer
 // that saves while training goes on. Plain C++ with a thread of its own; the
-// scheduler actor only hands it snapshots.
+// actors only hand it snapshots and pass its callbacks on as messages.
 #pragma once
 
 #include "h2/core/job.hpp"
 #include "h2/core/plan.hpp"
 #include "h2/runtime/checkpoint_files.hpp"
 
+#include <atomic>
 #include <condition_variable>
+#include <deque>
 #include <cstdint>
 #include <exception>
 #include <filesystem>
+#include <functional>
 #include <mutex>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -38,38 +42,77 @@ checkpoint_manifest job_manifest(const job_config& job, const plan& p,
 void check_resumable(const checkpoint_manifest& saved, const job_config& job,
                      const std::filesystem::path& dir);
 
-/// Writes checkpoints on a thread of its own, one at a time, then prunes to
-/// `keep`. Thread-safe.
+/// The file in checkpoint.dir through which the nodes of a job check that
+/// they all see the same directory (docs/checkpoints.md).
+inline constexpr std::string_view checkpoint_marker_file = "h2-job-marker";
+
+/// Writes a fresh random marker into `root`/checkpoint_marker_file
+/// (creating `root`), durably, and returns it. Throws checkpoint_error(io).
+std::string write_checkpoint_marker(const std::filesystem::path& root);
+
+/// Throws config_error("checkpoint.dir") naming node `rank` unless `root`'s
+/// marker file reads `expected`: the node does not see the directory rank 0
+/// wrote it into (not shared storage, another path).
+void check_checkpoint_marker(const std::filesystem::path& root,
+                             const std::string& expected, int rank);
+
+/// One node's checkpoint writes, on a thread of its own, in the order they
+/// were queued (docs/checkpoints.md). Every node of a job has one: each
+/// writes the layer files of the layers its chips own; the writer of the
+/// node that drives the job (the scheduler's) also publishes each
+/// checkpoint's manifest once every layer file is on disk, and prunes.
+/// Callbacks run on the writer's thread. Thread-safe.
 class checkpoint_writer {
 public:
+  /// The records of the layer files written, or why they could not be.
+  using layers_written =
+    std::function<void(std::vector<file_record>, std::exception_ptr)>;
+  /// The manifest is on disk (and older checkpoints pruned), or why not.
+  using published = std::function<void(std::exception_ptr)>;
+
   checkpoint_writer(std::filesystem::path root, int keep);
-  /// Waits for the write in progress (its error, if any, is dropped).
+  /// close().
   ~checkpoint_writer();
 
   checkpoint_writer(const checkpoint_writer&) = delete;
   checkpoint_writer& operator=(const checkpoint_writer&) = delete;
 
-  /// Starts writing `layers` under `manifest` in the background, after the
-  /// previous write finished. Returns the seconds spent waiting for it (the
-  /// training stall a save adds beyond its snapshot). Rethrows the
-  /// previous write's error (checkpoint_error).
-  double save(checkpoint_manifest manifest, std::vector<layer_state> layers);
+  const std::filesystem::path& root() const noexcept { return root_; }
 
-  /// Waits until nothing is being written; rethrows a write's error.
-  void finish();
+  /// Queues writing `layers` as layer files of step `step`'s directory
+  /// (which prepare_checkpoint_dir made ready); `done` gets their records.
+  void write_layers(std::int64_t step, std::vector<layer_state> layers,
+                    layers_written done);
+
+  /// Queues writing `manifest` (its files filled) into its step's
+  /// directory, which publishes the checkpoint, then pruning to `keep`.
+  void publish(checkpoint_manifest manifest, published done);
+
+  /// Gives up on every write not yet finished (a second signal, a failed
+  /// job): the write in progress stops before its next file, queued ones
+  /// write nothing, and no manifest is written from now on, so the
+  /// previous checkpoint stays the latest. Their callbacks get a
+  /// cancelled_error. Returns at once.
+  void abandon() noexcept;
+
+  /// Finishes the queued writes (unless abandoned) and stops the thread;
+  /// writes queued afterwards are dropped. Call it before whatever the
+  /// callbacks talk to goes away. Idempotent.
+  void close();
 
 private:
   void run();
+  /// Throws cancelled_error once abandoned.
+  void check_abandoned() const;
 
   std::filesystem::path root_;
   int keep_;
-  mutable std::mutex mutex_;
+  std::mutex mutex_;
   std::condition_variable changed_;
-  bool busy_ = false;
+  std::deque<std::function<void()>> queue_;
   bool stopping_ = false;
-  std::exception_ptr error_;
-  checkpoint_manifest next_manifest_;
-  std::vector<layer_state> next_layers_;
+  std::once_flag joined_;
+  std::atomic<bool> abandoned_{false};
   std::thread thread_;
 };
 

@@ -39,10 +39,12 @@ public:
   /// A validation pass after step `step` (0-based) finished.
   virtual void on_eval(int step, double val_loss) {}
 
-  /// The state after `steps` completed steps was snapshotted and handed to
-  /// the checkpoint writer, which had kept the run waiting
-  /// `waited_seconds` for its previous write.
-  virtual void on_checkpoint(int steps, double waited_seconds) {}
+  /// The checkpoint of the state after `steps` completed steps is on disk
+  /// (its manifest published). Training stood still for it
+  /// `stall_seconds`: `waited_seconds` waiting for the previous save to
+  /// finish, then the copy of the layers to host memory.
+  virtual void on_checkpoint(int steps, double waited_seconds,
+                             double stall_seconds) {}
 };
 
 /// Keeps every step summary and validation loss (tests, benchmarks, tools).
