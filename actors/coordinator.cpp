@@ -287,8 +287,8 @@ coordinator_actor(coordinator_self self, node_options options,
       auto& st = self->state;
       auto nonce = st.nonces.find(j.rank);
       if (nonce == st.nonces.end() ||
-          j.proof !=
-            transport::join_proof(*st.options.secret, nonce->second, j.rank))
+          !transport::join_proof_valid(*st.options.secret, nonce->second,
+                                       j.rank, j.proof))
         // Nothing of the job reaches a node that cannot prove the secret.
         return make_error(errc::unauthorized,
                           "node " + std::to_string(j.rank) +

@@ -209,6 +209,13 @@ std::string join_proof(const job_secret& secret, std::string_view nonce,
   return hex_string(p.data(), p.size());
 }
 
+bool join_proof_valid(const job_secret& secret, std::string_view nonce,
+                      int rank, std::string_view proof) {
+  const std::string expected = join_proof(secret, nonce, rank);
+  return proof.size() == expected.size() &&
+         CRYPTO_memcmp(proof.data(), expected.data(), expected.size()) == 0;
+}
+
 std::string job_digest(std::string_view job_text) {
   unsigned char out[EVP_MAX_MD_SIZE];
   unsigned int len = 0;

@@ -62,6 +62,18 @@ TEST(transport_join, any_other_input_gives_another_proof) {
   EXPECT_NE(join_proof(secret, "ab", 12), join_proof(secret, "ab1", 2));
 }
 
+TEST(transport_join, only_the_right_proof_is_valid) {
+  job_secret secret("s3cret");
+  const std::string nonce = make_nonce();
+  const std::string proof = join_proof(secret, nonce, 1);
+  EXPECT_TRUE(join_proof_valid(secret, nonce, 1, proof));
+  EXPECT_FALSE(join_proof_valid(secret, nonce, 2, proof));
+  EXPECT_FALSE(join_proof_valid(job_secret("other"), nonce, 1, proof));
+  EXPECT_FALSE(join_proof_valid(secret, nonce, 1, proof.substr(1)));
+  EXPECT_FALSE(join_proof_valid(secret, nonce, 1, proof + "0"));
+  EXPECT_FALSE(join_proof_valid(secret, nonce, 1, ""));
+}
+
 TEST(transport_join, job_digest_is_hex_sha256) {
   EXPECT_EQ(job_digest("abc"),
             "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");

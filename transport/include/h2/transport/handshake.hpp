@@ -59,6 +59,11 @@ std::string make_nonce();
 std::string join_proof(const job_secret& secret, std::string_view nonce,
                        int rank);
 
+/// Whether `proof` is join_proof(secret, nonce, rank), compared in
+/// constant time (a wrong proof takes as long as a right one).
+bool join_proof_valid(const job_secret& secret, std::string_view nonce,
+                      int rank, std::string_view proof);
+
 /// The hex SHA-256 of a job file's text, which every node must share with
 /// the coordinator.
 std::string job_digest(std::string_view job_text);
