@@ -26,6 +26,7 @@ std::string chips_of(const job_config& job, int rank) {
 
 void register_cluster_types(caf::actor_system_config& cfg) {
   cfg.add_message_type<transport::endpoint_address>("h2.endpoint_address");
+  cfg.add_message_type<transport::control_seal>("h2.control_seal");
   cfg.add_message_type<node_join>("h2.node_join");
   cfg.add_message_type<runtime::link_assignment>("h2.link_assignment");
   cfg.add_message_type<node_assignment>("h2.node_assignment");
@@ -112,6 +113,8 @@ node_outcome cluster_node::run() {
   nctx.coordinator = coordinator;
   nctx.waiter = caf::actor{self};
   nctx.coordinator_rank = options_.coordinator_rank;
+  nctx.secret = options_.secret;
+  nctx.log = options_.log;
   nctx.observer = leads ? nullptr : options_.observer;
   auto node = spawn_node_actor(system, nctx);
 
@@ -126,6 +129,7 @@ node_outcome cluster_node::run() {
   if (!refused) {
     node_join j;
     j.rank = options_.rank;
+    j.nonce = nonce;
     j.proof = transport::join_proof(*options_.secret, nonce, options_.rank);
     j.job_digest = options_.job_digest;
     j.address = shared_->endpoint->address();
@@ -152,12 +156,13 @@ node_outcome cluster_node::run() {
   std::thread heart([&] {
     bool stop_sent = false;
     caf::scoped_actor beat{system};
+    transport::control_signer signer(options_.secret, options_.rank);
     while (beating.load()) {
       beat->send(coordinator, heartbeat_atom::value,
-                 static_cast<std::int32_t>(options_.rank));
+                 signer.seal(node_heartbeat, ""));
       if (!stop_sent && options_.stop && options_.stop->load() != 0 &&
           !leads) {
-        beat->send(coordinator, stop_atom::value);
+        beat->send(coordinator, stop_atom::value, signer.seal(stop_request, ""));
         stop_sent = true;
       }
       const auto tick = std::chrono::duration_cast<std::chrono::milliseconds>(

@@ -18,9 +18,11 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace h2::actors {
@@ -30,6 +32,7 @@ namespace h2::actors {
 /// coordinator's nonce).
 struct node_join {
   std::int32_t rank = 0;
+  std::string nonce;      ///< the coordinator's answer to its hello
   std::string proof;      ///< hex HMAC of the coordinator's nonce
   std::string job_digest; ///< transport::job_digest of the job file
   transport::endpoint_address address;
@@ -39,8 +42,8 @@ struct node_join {
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, node_join& x) {
-  return f(caf::meta::type_name("node_join"), x.rank, x.proof, x.job_digest,
-           x.address, x.pid, x.hostname);
+  return f(caf::meta::type_name("node_join"), x.rank, x.nonce, x.proof,
+           x.job_digest, x.address, x.pid, x.hostname);
 }
 
 /// What a node runs: the plan and its channels.
@@ -77,6 +80,41 @@ template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, node_ready& x) {
   return f(caf::meta::type_name("node_ready"), x.rank, x.chips, x.actors);
 }
+
+/// The types of sealed control messages (transport::control_seal, docs/
+/// transport.md, "Control messages"): a message whose seal does not verify
+/// under the job's secret, or repeats a sequence number, is dropped and
+/// logged. Node to coordinator: its heartbeat, a stop request.
+/// Coordinator to node: its heartbeat, abort (payload "<code>/<why>"),
+/// finish.
+inline constexpr std::string_view node_heartbeat = "node-heartbeat";
+inline constexpr std::string_view stop_request = "stop";
+inline constexpr std::string_view coordinator_heartbeat =
+  "coordinator-heartbeat";
+inline constexpr std::string_view abort_order = "abort";
+inline constexpr std::string_view finish_order = "finish";
+
+/// The payload an abort's seal covers.
+inline std::string abort_payload(std::uint8_t code, const std::string& why) {
+  return std::to_string(code) + "/" + why;
+}
+
+/// Logs dropped control messages through `log` (may be empty): the 1st,
+/// 2nd, 4th, 8th... so that a flood cannot flood the log.
+class drop_log {
+public:
+  void dropped(const std::function<void(const std::string&)>& log,
+               const std::string& what) {
+    ++count_;
+    if (log && (count_ & (count_ - 1)) == 0)
+      log("dropped " + what + " (" + std::to_string(count_) +
+          " control message" + (count_ == 1 ? "" : "s") +
+          " dropped so far)");
+  }
+
+private:
+  std::uint64_t count_ = 0;
+};
 
 /// How often nodes report that they live, and how long a silent node (or
 /// coordinator) may stay silent before it is declared stalled.
@@ -123,6 +161,8 @@ struct node_context {
   std::shared_ptr<const job_config> job;
   int rank = 0;
   int coordinator_rank = 0;
+  std::shared_ptr<const transport::job_secret> secret;
+  std::function<void(const std::string&)> log; ///< dropped messages; may be empty
   std::shared_ptr<node_shared> shared;
   caf::actor coordinator;
   caf::actor waiter; ///< the node's main thread
@@ -131,7 +171,7 @@ struct node_context {
 
 /// Spawns the node actor (detached: it blocks while wiring channels). It
 /// answers (assign_atom, node_assignment) with node_ready, takes the
-/// coordinator's heartbeats, summaries, finish and abort, and tells
+/// coordinator's sealed heartbeats, finish and abort, and summaries, and tells
 /// `ctx.waiter` (done_atom, error, run_summary, parameters) at its end.
 caf::actor spawn_node_actor(caf::actor_system& system, node_context ctx);
 

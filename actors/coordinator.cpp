@@ -11,6 +11,7 @@
 #include "h2/transport/handshake.hpp"
 
 #include <caf/event_based_actor.hpp>
+#include <caf/message_view.hpp>
 #include <caf/send.hpp>
 #include <caf/stateful_actor.hpp>
 
@@ -64,16 +65,31 @@ struct coordinator_state {
   node_options options;
   caf::actor waiter;
   std::shared_ptr<runtime::checkpoint_writer> writer;
-  std::map<int, std::string> nonces;
+  /// Nonces handed out and not yet answered, by nonce.
+  struct pending_join {
+    std::int32_t rank = 0;
+    caf::node_id from; ///< the asking process (per-connection quota)
+    std::chrono::steady_clock::time_point expires;
+  };
+  std::map<std::string, pending_join> nonces;
   std::map<int, member> members;
   std::shared_ptr<run_context> ctx;
   std::unique_ptr<broadcast_observer> observer;
   caf::actor scheduler;
   bool ended = false;
+  /// Seals what the coordinator tells nodes; checks what they tell it.
+  std::unique_ptr<transport::control_signer> signer;
+  std::unique_ptr<transport::control_verifier> verifier;
+  drop_log drops;
   static inline const char* name = "h2.coordinator";
 };
 
 using coordinator_self = caf::stateful_actor<coordinator_state>*;
+
+/// How long a join nonce may be answered, and how many unanswered ones one
+/// process may hold.
+constexpr std::chrono::seconds join_nonce_lifetime{30};
+constexpr std::size_t max_joins_per_process = 4;
 
 /// Ends the job everywhere with `code` and `why`.
 void fail_job(coordinator_self self, errc code, const std::string& why) {
@@ -81,8 +97,10 @@ void fail_job(coordinator_self self, errc code, const std::string& why) {
   if (st.ended)
     return;
   st.ended = true;
+  const auto code8 = static_cast<std::uint8_t>(code);
   for (auto& [rank, m] : st.members)
-    self->send(m.node, abort_atom::value, static_cast<std::uint8_t>(code), why);
+    self->send(m.node, abort_atom::value, code8, why,
+               st.signer->seal(abort_order, abort_payload(code8, why)));
   if (st.scheduler)
     self->send_exit(st.scheduler, caf::exit_reason::user_shutdown);
   self->send(st.waiter, done_atom::value, make_error(code, why),
@@ -97,7 +115,7 @@ void finish_job(coordinator_self self, const runtime::run_summary& summary,
     return;
   st.ended = true;
   for (auto& [rank, m] : st.members)
-    self->send(m.node, finish_atom::value);
+    self->send(m.node, finish_atom::value, st.signer->seal(finish_order, ""));
   if (st.scheduler)
     self->send_exit(st.scheduler, caf::exit_reason::user_shutdown);
   self->send(st.waiter, done_atom::value, caf::error{}, summary,
@@ -256,6 +274,19 @@ coordinator_actor(coordinator_self self, node_options options,
   self->state.options = std::move(options);
   self->state.waiter = std::move(waiter);
   self->state.writer = std::move(writer);
+  self->state.signer = std::make_unique<transport::control_signer>(
+    self->state.options.secret, self->state.options.rank);
+  self->state.verifier = std::make_unique<transport::control_verifier>(
+    self->state.options.secret);
+  // Whatever else reaches the coordinator's port is dropped and logged.
+  self->set_default_handler(
+    [self](caf::scheduled_actor*,
+           caf::message_view&) -> caf::result<caf::message> {
+      auto& st = self->state;
+      st.drops.dropped(st.options.log,
+                       "an unexpected message at the coordinator");
+      return caf::sec::unexpected_message;
+    });
   self->set_down_handler([self](caf::down_msg& m) {
     for (auto& [rank, mem] : self->state.members)
       if (m.source == mem.node.address()) {
@@ -280,15 +311,35 @@ coordinator_actor(coordinator_self self, node_options options,
       if (st.members.count(rank) != 0)
         return make_error(errc::bad_config,
                           "node " + std::to_string(rank) + " joined twice");
-      return st.nonces[rank] = transport::make_nonce();
+      // Nonces expire, and each process may hold only a few: a flood of
+      // hellos from one connection evicts only its own.
+      const auto now = std::chrono::steady_clock::now();
+      const auto from = self->current_sender() != nullptr
+                          ? self->current_sender()->node()
+                          : caf::node_id{};
+      std::erase_if(st.nonces,
+                    [&](const auto& n) { return n.second.expires <= now; });
+      std::vector<decltype(st.nonces)::iterator> own;
+      for (auto n = st.nonces.begin(); n != st.nonces.end(); ++n)
+        if (n->second.from == from)
+          own.push_back(n);
+      if (own.size() >= max_joins_per_process)
+        st.nonces.erase(*std::min_element(
+          own.begin(), own.end(), [](const auto& a, const auto& b) {
+            return a->second.expires < b->second.expires;
+          }));
+      auto nonce = transport::make_nonce();
+      st.nonces[nonce] = {rank, from, now + join_nonce_lifetime};
+      return nonce;
     },
     [self](join_atom, const node_join& j,
            const caf::actor& node) -> caf::result<bool> {
       auto& st = self->state;
-      auto nonce = st.nonces.find(j.rank);
-      if (nonce == st.nonces.end() ||
-          !transport::join_proof_valid(*st.options.secret, nonce->second,
-                                       j.rank, j.proof))
+      auto nonce = st.nonces.find(j.nonce);
+      if (nonce == st.nonces.end() || nonce->second.rank != j.rank ||
+          nonce->second.expires <= std::chrono::steady_clock::now() ||
+          !transport::join_proof_valid(*st.options.secret, j.nonce, j.rank,
+                                       j.proof))
         // Nothing of the job reaches a node that cannot prove the secret.
         return make_error(errc::unauthorized,
                           "node " + std::to_string(j.rank) +
@@ -307,15 +358,24 @@ coordinator_actor(coordinator_self self, node_options options,
         start_job(self);
       return true;
     },
-    [self](heartbeat_atom, std::int32_t rank) {
-      auto m = self->state.members.find(rank);
-      if (m != self->state.members.end())
+    [self](heartbeat_atom, const transport::control_seal& seal) {
+      auto& st = self->state;
+      if (!st.verifier->accept(node_heartbeat, seal, "")) {
+        st.drops.dropped(st.options.log, "a heartbeat without a valid seal");
+        return;
+      }
+      auto m = st.members.find(seal.sender);
+      if (m != st.members.end())
         m->second.seen = std::chrono::steady_clock::now();
     },
-    [self](stop_atom) {
-      if (self->state.options.stop)
-        self->state.options.stop->store(
-          std::max(1, self->state.options.stop->load()));
+    [self](stop_atom, const transport::control_seal& seal) {
+      auto& st = self->state;
+      if (!st.verifier->accept(stop_request, seal, "")) {
+        st.drops.dropped(st.options.log, "a stop without a valid seal");
+        return;
+      }
+      if (st.options.stop)
+        st.options.stop->store(std::max(1, st.options.stop->load()));
     },
     [self](check_atom) {
       auto& st = self->state;
@@ -325,7 +385,7 @@ coordinator_actor(coordinator_self self, node_options options,
       for (auto& [rank, m] : st.members)
         if (rank != st.options.rank)
           self->send(m.node, heartbeat_atom::value,
-                     static_cast<std::int32_t>(st.options.rank));
+                     st.signer->seal(coordinator_heartbeat, ""));
       for (auto& [rank, m] : st.members)
         if (now - m.seen > heartbeat_timeout) {
           fail_job(self, errc::peer_lost,

@@ -74,6 +74,9 @@ node_ready build_node(caf::event_based_actor* self, const node_context& ctx,
 
 struct node_state {
   node_context ctx;
+  /// Checks the coordinator's sealed messages.
+  std::unique_ptr<transport::control_verifier> verifier;
+  drop_log drops;
   std::vector<caf::actor> chips;
   bool done = false;
   /// When the coordinator last showed it lives (its heartbeats).
@@ -101,8 +104,24 @@ void end_node(node_self self, const caf::error& err) {
   self->quit();
 }
 
+/// Whether a sealed message of `type` came from the coordinator; else
+/// drops it with a log line.
+bool from_coordinator(node_self self, std::string_view type,
+                      const transport::control_seal& seal,
+                      const std::string& payload, const char* what) {
+  auto& st = self->state;
+  if (seal.sender == st.ctx.coordinator_rank &&
+      st.verifier->accept(type, seal, payload))
+    return true;
+  st.drops.dropped(st.ctx.log, std::string("a ") + what +
+                                 " without the coordinator's valid seal");
+  return false;
+}
+
 caf::behavior node_actor(node_self self, node_context ctx) {
   self->state.ctx = std::move(ctx);
+  self->state.verifier =
+    std::make_unique<transport::control_verifier>(self->state.ctx.secret);
   self->set_down_handler([self](caf::down_msg& m) {
     if (m.source == self->state.ctx.coordinator.address())
       end_node(self,
@@ -125,8 +144,9 @@ caf::behavior node_actor(node_self self, node_context ctx) {
         return current_exception_error();
       }
     },
-    [self](heartbeat_atom, std::int32_t) {
-      self->state.coordinator_seen = std::chrono::steady_clock::now();
+    [self](heartbeat_atom, const transport::control_seal& seal) {
+      if (from_coordinator(self, coordinator_heartbeat, seal, "", "heartbeat"))
+        self->state.coordinator_seen = std::chrono::steady_clock::now();
     },
     [self](check_atom) {
       if (self->state.done)
@@ -149,9 +169,15 @@ caf::behavior node_actor(node_self self, node_context ctx) {
       if (self->state.ctx.observer != nullptr)
         self->state.ctx.observer->on_step(s);
     },
-    [self](finish_atom) { end_node(self, caf::error{}); },
-    [self](abort_atom, std::uint8_t code, const std::string& why) {
-      end_node(self, make_error(static_cast<errc>(code), why));
+    [self](finish_atom, const transport::control_seal& seal) {
+      if (from_coordinator(self, finish_order, seal, "", "finish"))
+        end_node(self, caf::error{});
+    },
+    [self](abort_atom, std::uint8_t code, const std::string& why,
+           const transport::control_seal& seal) {
+      if (from_coordinator(self, abort_order, seal, abort_payload(code, why),
+                           "abort"))
+        end_node(self, make_error(static_cast<errc>(code), why));
     },
   };
 }

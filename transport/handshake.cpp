@@ -209,11 +209,61 @@ std::string join_proof(const job_secret& secret, std::string_view nonce,
   return hex_string(p.data(), p.size());
 }
 
+namespace {
+
+/// Constant-time equality of a received hex MAC and the expected one.
+bool same_hex(std::string_view received, const std::string& expected) {
+  return received.size() == expected.size() &&
+         CRYPTO_memcmp(received.data(), expected.data(), expected.size()) == 0;
+}
+
+std::string control_mac(const job_secret& secret, std::string_view type,
+                        int sender, std::uint64_t seq,
+                        std::string_view payload) {
+  std::string message = "control/";
+  message.append(type);
+  message.push_back('/');
+  message.append(std::to_string(sender));
+  message.push_back('/');
+  message.append(std::to_string(seq));
+  message.push_back('/');
+  message.append(payload);
+  auto p = secret.prove(message);
+  return hex_string(p.data(), p.size());
+}
+
+} // namespace
+
 bool join_proof_valid(const job_secret& secret, std::string_view nonce,
                       int rank, std::string_view proof) {
-  const std::string expected = join_proof(secret, nonce, rank);
-  return proof.size() == expected.size() &&
-         CRYPTO_memcmp(proof.data(), expected.data(), expected.size()) == 0;
+  return same_hex(proof, join_proof(secret, nonce, rank));
+}
+
+control_signer::control_signer(std::shared_ptr<const job_secret> secret,
+                               int sender)
+    : secret_(std::move(secret)), sender_(sender) {
+}
+
+control_seal control_signer::seal(std::string_view type,
+                                  std::string_view payload) {
+  const std::uint64_t seq = next_.fetch_add(1);
+  return {sender_, seq, control_mac(*secret_, type, sender_, seq, payload)};
+}
+
+control_verifier::control_verifier(std::shared_ptr<const job_secret> secret)
+    : secret_(std::move(secret)) {
+}
+
+bool control_verifier::accept(std::string_view type, const control_seal& seal,
+                              std::string_view payload) {
+  if (!same_hex(seal.mac,
+                control_mac(*secret_, type, seal.sender, seal.seq, payload)))
+    return false;
+  auto floor = last_.try_emplace(seal.sender, 0).first;
+  if (seal.seq <= floor->second)
+    return false; // a replay, or older than one accepted
+  floor->second = seal.seq;
+  return true;
 }
 
 std::string job_digest(std::string_view job_text) {

@@ -74,6 +74,41 @@ TEST(transport_join, only_the_right_proof_is_valid) {
   EXPECT_FALSE(join_proof_valid(secret, nonce, 1, ""));
 }
 
+TEST(transport_control, a_sealed_message_is_accepted_once) {
+  auto secret = std::make_shared<const job_secret>("s3cret");
+  control_signer signer(secret, 2);
+  control_verifier verifier(secret);
+  const auto first = signer.seal("stop", "");
+  const auto second = signer.seal("stop", "");
+  EXPECT_EQ(first.sender, 2);
+  EXPECT_LT(first.seq, second.seq);
+  EXPECT_TRUE(verifier.accept("stop", first, ""));
+  EXPECT_FALSE(verifier.accept("stop", first, "")); // a replay
+  EXPECT_TRUE(verifier.accept("stop", second, ""));
+  EXPECT_FALSE(verifier.accept("stop", first, "")); // older than accepted
+}
+
+TEST(transport_control, anything_else_is_refused) {
+  auto secret = std::make_shared<const job_secret>("s3cret");
+  control_signer signer(secret, 1);
+  control_verifier verifier(secret);
+  const auto seal = signer.seal("abort", "4/node 2 is gone");
+  EXPECT_FALSE(verifier.accept("finish", seal, "4/node 2 is gone")); // type
+  EXPECT_FALSE(verifier.accept("abort", seal, "4/node 3 is gone")); // payload
+  auto other_sender = seal;
+  other_sender.sender = 0;
+  EXPECT_FALSE(verifier.accept("abort", other_sender, "4/node 2 is gone"));
+  auto other_seq = seal;
+  other_seq.seq += 1;
+  EXPECT_FALSE(verifier.accept("abort", other_seq, "4/node 2 is gone"));
+  control_signer stranger(std::make_shared<const job_secret>("guess"), 1);
+  EXPECT_FALSE(
+    verifier.accept("abort", stranger.seal("abort", "x"), "x")); // secret
+  EXPECT_FALSE(verifier.accept("abort", control_seal{1, 1, ""}, "x"));
+  // None of those raised the floor: the real one still passes.
+  EXPECT_TRUE(verifier.accept("abort", seal, "4/node 2 is gone"));
+}
+
 TEST(transport_join, job_digest_is_hex_sha256) {
   EXPECT_EQ(job_digest("abc"),
             "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");

@@ -12,6 +12,7 @@
 #include "h2/runtime/safetensors.hpp"
 #include "h2/runtime/step_summary.hpp"
 #include "h2/transport/endpoint.hpp"
+#include "h2/transport/handshake.hpp"
 
 #include <caf/meta/type_name.hpp>
 
@@ -25,6 +26,11 @@ typename Inspector::result_type inspect(Inspector& f, chip_id& x) {
 } // namespace h2
 
 namespace h2::transport {
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, control_seal& x) {
+  return f(caf::meta::type_name("control_seal"), x.sender, x.seq, x.mac);
+}
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, endpoint_address& x) {

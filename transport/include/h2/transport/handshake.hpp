@@ -7,7 +7,10 @@
 #include "h2/transport/link.hpp"
 
 #include <array>
+#include <atomic>
 #include <cstdint>
+#include <map>
+#include <memory>
 #include <string>
 #include <string_view>
 
@@ -63,6 +66,48 @@ std::string join_proof(const job_secret& secret, std::string_view nonce,
 /// constant time (a wrong proof takes as long as a right one).
 bool join_proof_valid(const job_secret& secret, std::string_view nonce,
                       int rank, std::string_view proof);
+
+/// What makes a control message between the nodes of a job trusted
+/// (docs/transport.md, "Control messages"): its sender's rank, a sequence
+/// number the sender never reuses, and the hex HMAC-SHA256 under the job's
+/// secret of "control/<type>/<sender>/<seq>/<payload>".
+struct control_seal {
+  std::int32_t sender = 0;
+  std::uint64_t seq = 0;
+  std::string mac;
+};
+
+/// Seals one sender's control messages with increasing sequence numbers.
+/// Thread-safe.
+class control_signer {
+public:
+  control_signer(std::shared_ptr<const job_secret> secret, int sender);
+
+  /// The seal of a message of `type` carrying `payload`.
+  control_seal seal(std::string_view type, std::string_view payload);
+
+private:
+  std::shared_ptr<const job_secret> secret_;
+  int sender_;
+  std::atomic<std::uint64_t> next_{1};
+};
+
+/// Checks sealed control messages: the MAC (in constant time) and, per
+/// sender, a sequence number above every one accepted before (a replay or
+/// a stale message is refused). Not thread-safe: one per receiving actor.
+class control_verifier {
+public:
+  explicit control_verifier(std::shared_ptr<const job_secret> secret);
+
+  /// Whether `seal` is a valid seal of a message of `type` carrying
+  /// `payload`; a valid one raises its sender's floor.
+  bool accept(std::string_view type, const control_seal& seal,
+              std::string_view payload);
+
+private:
+  std::shared_ptr<const job_secret> secret_;
+  std::map<std::int32_t, std::uint64_t> last_;
+};
 
 /// The hex SHA-256 of a job file's text, which every node must share with
 /// the coordinator.

@@ -1,0 +1,148 @@
+// The coordinator's port obeys only sealed control messages (docs/
+// transport.md, "Control messages"): a stop or a heartbeat without a valid
+// seal, a replayed one, or any other message changes nothing and is logged;
+// a sealed stop is obeyed. White-box: it drives the coordinator actor of
+// actors/coordinator.cpp in one process, as a CAF client reaching its port
+// would.
+#include "../../actors/cluster_protocol.hpp"
+
+#include "h2/actors/atoms.hpp"
+#include "test_jobs.hpp"
+
+#include <caf/scoped_actor.hpp>
+
+#include <gtest/gtest.h>
+
+#include <mutex>
+#include <optional>
+
+namespace h2::test {
+namespace {
+
+using namespace std::chrono_literals;
+
+class actors_control : public ::testing::Test {
+protected:
+  actors_control() : system_(configured(cfg_)) {
+    options_.job = std::make_shared<const job_config>(parse_job(
+      small_job_toml(3) + demo_on_two_nodes, "control.toml"));
+    options_.world_size = 2;
+    options_.secret = secret_;
+    options_.stop = stop_;
+    options_.log = [this](const std::string& line) {
+      std::lock_guard<std::mutex> guard(mutex_);
+      log_.push_back(line);
+    };
+    coordinator_ = actors::spawn_coordinator(system_, options_,
+                                             caf::actor{waiter_}, nullptr);
+  }
+
+  ~actors_control() override {
+    waiter_->send_exit(coordinator_, caf::exit_reason::user_shutdown);
+  }
+
+  static caf::actor_system_config& configured(caf::actor_system_config& cfg) {
+    actors::configure_actor_system(cfg);
+    actors::register_cluster_types(cfg);
+    return cfg;
+  }
+
+  /// What the coordinator logged once it handled everything `from` sent
+  /// before (a request after them: CAF keeps one sender's order).
+  std::vector<std::string> log_after(caf::scoped_actor& from) {
+    from->request(coordinator_, 10s, actors::hello_atom::value, 0)
+      .receive([](const std::string&) {},
+               [](const caf::error& e) { ADD_FAILURE() << to_string(e); });
+    std::lock_guard<std::mutex> guard(mutex_);
+    return log_;
+  }
+
+  std::shared_ptr<const transport::job_secret> secret_ =
+    std::make_shared<const transport::job_secret>("the job's secret");
+  std::shared_ptr<std::atomic<int>> stop_ =
+    std::make_shared<std::atomic<int>>(0);
+  caf::actor_system_config cfg_;
+  caf::actor_system system_;
+  caf::scoped_actor waiter_{system_};
+  actors::node_options options_;
+  caf::actor coordinator_;
+  std::mutex mutex_;
+  std::vector<std::string> log_;
+};
+
+TEST_F(actors_control, unsealed_forged_and_replayed_stops_change_nothing) {
+  caf::scoped_actor intruder{system_};
+  // No seal at all (what a bare CAF client sends), a forged one, one under
+  // another secret.
+  intruder->send(coordinator_, actors::stop_atom::value);
+  intruder->send(coordinator_, actors::stop_atom::value,
+                 transport::control_seal{1, 1, std::string(64, '0')});
+  transport::control_signer stranger(
+    std::make_shared<const transport::job_secret>("a guess"), 1);
+  intruder->send(coordinator_, actors::stop_atom::value,
+                 stranger.seal(actors::stop_request, ""));
+  intruder->send(coordinator_, actors::heartbeat_atom::value,
+                 stranger.seal(actors::node_heartbeat, ""));
+  auto log = log_after(intruder); // the 1st, 2nd and 4th drops are logged
+  ASSERT_EQ(log.size(), 3u);
+  EXPECT_NE(log[0].find("an unexpected message at the coordinator"),
+            std::string::npos)
+    << log[0];
+  EXPECT_NE(log[1].find("a stop without a valid seal"), std::string::npos)
+    << log[1];
+  EXPECT_NE(log[2].find("4 control messages dropped"), std::string::npos)
+    << log[2];
+  EXPECT_EQ(stop_->load(), 0);
+
+  // A node's sealed stop is obeyed; the same message again is a replay.
+  transport::control_signer node(secret_, 1);
+  const auto sealed = node.seal(actors::stop_request, "");
+  intruder->send(coordinator_, actors::stop_atom::value, sealed);
+  log_after(intruder);
+  EXPECT_EQ(stop_->load(), 1);
+  stop_->store(0);
+  intruder->send(coordinator_, actors::stop_atom::value, sealed);
+  log_after(intruder);
+  EXPECT_EQ(stop_->load(), 0);
+}
+
+TEST_F(actors_control, a_join_must_answer_a_nonce_handed_to_its_rank) {
+  caf::scoped_actor node{system_};
+  auto hello = [&](int rank) {
+    std::string nonce;
+    node->request(coordinator_, 10s, actors::hello_atom::value, rank)
+      .receive([&](std::string& n) { nonce = std::move(n); },
+               [](const caf::error& e) { ADD_FAILURE() << to_string(e); });
+    return nonce;
+  };
+  auto join = [&](int rank, const std::string& nonce, int proof_rank) {
+    actors::node_join j;
+    j.rank = rank;
+    j.nonce = nonce;
+    j.proof = transport::join_proof(*secret_, nonce, proof_rank);
+    j.job_digest = options_.job_digest;
+    std::optional<actors::failure> refused;
+    node
+      ->request(coordinator_, 10s, actors::join_atom::value, j,
+                caf::actor{node})
+      .receive([](bool) {},
+               [&](const caf::error& e) { refused = actors::to_failure(e); });
+    return refused;
+  };
+  const std::string for_one = hello(1);
+  // Answered as another rank, or a nonce the coordinator never handed out.
+  auto refused = join(0, for_one, 0);
+  ASSERT_TRUE(refused.has_value());
+  EXPECT_EQ(refused->code, actors::errc::unauthorized);
+  refused = join(1, transport::make_nonce(), 1);
+  ASSERT_TRUE(refused.has_value());
+  EXPECT_EQ(refused->code, actors::errc::unauthorized);
+  // The real answer joins; the same answer again does not.
+  EXPECT_FALSE(join(1, for_one, 1).has_value());
+  refused = join(1, for_one, 1);
+  ASSERT_TRUE(refused.has_value());
+  EXPECT_EQ(refused->code, actors::errc::unauthorized);
+}
+
+} // namespace
+} // namespace h2::test
