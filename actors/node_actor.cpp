@@ -36,7 +36,7 @@ node_ready build_node(caf::event_based_actor* self, const node_context& ctx,
     if (w.assignment.chip.node == ctx.rank)
       mine.push_back(std::move(w));
   // A resumed run: each chip loads its own layers from the checkpoint
-  // (rank 0 checked all of it); none crosses the network.
+  // (the coordinator's node checked all of it); none crosses the network.
   std::vector<chip_options> options(mine.size());
   if (!a.resume_dir.empty()) {
     const auto manifest = runtime::read_manifest(a.resume_dir);
