@@ -7,6 +7,8 @@
 #include <caf/actor_cast.hpp>
 #include <caf/send.hpp>
 
+#include <optional>
+
 namespace h2::actors {
 
 namespace {
@@ -17,6 +19,35 @@ struct chip_state {
   std::unique_ptr<runtime::stage_worker> worker;
 
   void close_channels() noexcept { setup.close_channels(); }
+
+  /// Rebuilds the stage for the chip's part of `plan_json` (the same
+  /// neighbours, other layers) and loads `layers` into it (a live
+  /// re-plan, between steps).
+  void replan(const std::string& plan_json,
+              const std::vector<runtime::layer_state>& layers) {
+    const plan p = plan_from_json(plan_json, "the live re-plan");
+    std::optional<runtime::worker_setup> next;
+    for (auto& w : runtime::make_worker_setups(setup.job, p, setup.origin,
+                                               setup.cancel))
+      if (w.assignment.chip == setup.chip->id)
+        next = std::move(w);
+    H2_ENFORCE(next.has_value(), "chip ", setup.chip->id.to_string(),
+               " is not in the live re-plan");
+    for (auto& [peer, link] : next->peers) {
+      auto now = setup.peers.find(peer);
+      H2_ENFORCE(now != setup.peers.end() && now->second.channel,
+                 "a live re-plan keeps every chip's neighbours; chip ",
+                 setup.chip->id.to_string(), " would need one to ",
+                 peer.to_string());
+      link.channel = now->second.channel;
+    }
+    if (worker)
+      worker->detach_channels();
+    worker.reset(); // its stage's memory goes first
+    setup = std::move(*next);
+    worker = std::make_unique<runtime::stage_worker>(setup);
+    worker->restore(layers);
+  }
 
   /// Runs `f` on the worker; exceptions become H2 caf::errors.
   template <class F>
@@ -73,6 +104,21 @@ caf::behavior chip_actor(caf::event_based_actor* self,
     [state](params_atom) {
       return state->with_worker(
         [&](runtime::stage_worker& w) { return w.parameters(); });
+    },
+    [state](layers_atom) {
+      return state->with_worker(
+        [&](runtime::stage_worker& w) { return w.snapshot(); });
+    },
+    [state](replan_atom, const std::string& plan_json,
+            const std::vector<runtime::layer_state>& layers)
+      -> caf::result<runtime::setup_report> {
+      try {
+        state->replan(plan_json, layers);
+        return state->worker->ready_report();
+      } catch (...) {
+        state->close_channels();
+        return current_exception_error();
+      }
     },
     [self, state](snapshot_atom, std::int64_t step) {
       return state->with_worker([&](runtime::stage_worker& w) {

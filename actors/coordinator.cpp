@@ -191,6 +191,7 @@ void start_job(coordinator_self self) {
     p = st.options.plan_override ? *st.options.plan_override
                                  : scheduler::make_plan(job);
     validate_plan(p, job, "plan");
+    check_replans(st.options.run.replans, p, job);
   } catch (const std::exception& e) {
     fail_job(self, errc::bad_config, e.what());
     return;
@@ -220,6 +221,7 @@ void start_job(coordinator_self self) {
   st.ctx = std::make_shared<run_context>();
   st.ctx->job = st.options.job;
   st.ctx->the_plan = p;
+  st.ctx->replans = st.options.run.replans;
   std::string marker;
   const auto& resume = st.options.run.resume;
   if (resume)

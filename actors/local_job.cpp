@@ -79,6 +79,8 @@ runtime::run_summary local_job::run(const run_options& opts,
   ctx->stop = std::move(stop);
   if (opts.resume)
     ctx->first_step = static_cast<int>(opts.resume->manifest.step);
+  check_replans(opts.replans, plan_, *job_);
+  ctx->replans = opts.replans;
   if (!job_->checkpoint.dir.empty()) {
     ctx->manifest = runtime::job_manifest(*job_, plan_, opts.job_text);
     ctx->checkpoints = std::make_shared<runtime::checkpoint_writer>(

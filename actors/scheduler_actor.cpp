@@ -285,6 +285,56 @@ void on_steps(self_ptr self, std::vector<runtime::chip_step_report> steps) {
     update_atom::value, decision.command);
 }
 
+/// Moves the job to plan `p` between steps (run_context::replans):
+/// replica 0's chips copy their layers to host memory, every chip gets its
+/// layers of `p` and rebuilds its stage; then `then()`.
+void replan(self_ptr self, plan p, std::function<void()> then) {
+  const auto owners = self->state.ctx->the_plan.replicas.front().stages.size();
+  gather_first<std::vector<runtime::layer_state>>(
+    self, owners,
+    [self, p = std::move(p), then = std::move(then)](
+      std::vector<std::vector<runtime::layer_state>> per_chip) {
+      std::vector<runtime::layer_state> layers;
+      for (auto& chip : per_chip)
+        for (auto& l : chip)
+          layers.push_back(std::move(l));
+      std::sort(layers.begin(), layers.end(),
+                [](const auto& a, const auto& b) { return a.layer < b.layer; });
+      auto& ctx = *self->state.ctx;
+      ctx.the_plan = p;
+      const auto json = to_json(p, -1);
+      const auto ids = plan_chips(p);
+      auto left = std::make_shared<std::size_t>(ctx.chips.size());
+      auto reports = std::make_shared<std::vector<runtime::setup_report>>(
+        ctx.chips.size());
+      std::size_t i = 0;
+      for (const auto& rep : p.replicas)
+        for (const auto& s : rep.stages) {
+          std::vector<runtime::layer_state> mine(
+            layers.begin() + s.first_layer, layers.begin() + s.end_layer);
+          self
+            ->request(ctx.chips[i], step_timeout(*ctx.job), replan_atom::value,
+                      json, std::move(mine))
+            .then(
+              [self, left, reports, i, then](runtime::setup_report& r) {
+                (*reports)[i] = std::move(r);
+                if (--*left != 0)
+                  return;
+                auto& ctx = *self->state.ctx;
+                if (ctx.observer != nullptr)
+                  ctx.observer->on_setup(ctx.the_plan, *reports);
+                then();
+              },
+              [self, chip = ids.at(i)](caf::error& e) {
+                const auto f = request_failure(e, *self->state.ctx->job, chip);
+                fail(self, make_error(f.code, f.message));
+              });
+          ++i;
+        }
+    },
+    layers_atom::value);
+}
+
 void next_step(self_ptr self) {
   auto& st = self->state;
   if (st.step >= st.steps) {
@@ -293,6 +343,10 @@ void next_step(self_ptr self) {
   }
   if (st.ctx->stop && st.ctx->stop->load() != 0) {
     finish(self, true);
+    return;
+  }
+  if (auto change = st.ctx->replans.extract(st.step)) {
+    replan(self, std::move(change.mapped()), [self] { next_step(self); });
     return;
   }
   runtime::step_command cmd{st.step, st.virtual_barrier};
@@ -364,6 +418,18 @@ failure request_failure(const caf::error& e, const job_config& job,
       << job.runtime.step_timeout_seconds
       << " s (runtime.step_timeout_seconds)";
   return {errc::step_timeout, msg.str()};
+}
+
+void check_replans(const std::map<int, plan>& replans, const plan& start,
+                   const job_config& job) {
+  for (const auto& [step, p] : replans) {
+    const std::string where = "the re-plan before step " + std::to_string(step);
+    validate_plan(p, job, where);
+    if (plan_chips(p) != plan_chips(start))
+      throw config_error(where, "a live re-plan keeps the chips and their "
+                                "order; this one changes them (that needs "
+                                "a checkpoint and a restart)");
+  }
 }
 
 caf::actor spawn_scheduler(caf::actor_system& system,

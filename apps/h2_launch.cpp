@@ -37,6 +37,7 @@ int run_in_process(const std::string& job_path, const apps::run_flags& f) {
   run.collect_parameters = !f.export_path.empty();
   run.resume = std::move(resume);
   run.job_text = apps::job_text(job_path);
+  run.replans = apps::replans_from(f, *job);
   apps::signal_watcher signals([&local] { local.abort(); });
   runtime::run_summary summary;
   try {

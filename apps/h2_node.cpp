@@ -168,6 +168,8 @@ int run_node(node_flags& nf) {
     }
   }
   o.run.job_text = apps::job_text(nf.job_path);
+  if (nf.rank == lead)
+    o.run.replans = apps::replans_from(nf.run, *job);
   o.run.steps = nf.run.stop_after > 0
                   ? std::min(nf.run.stop_after, job->train.steps)
                   : job->train.steps;

@@ -249,6 +249,8 @@ attempt run_nodes(const launch_state& ls, const run_flags& f,
         a.insert(a.end(), {"--stop-after", std::to_string(f.stop_after)});
       if (!f.resume.empty())
         a.insert(a.end(), {"--resume", f.resume});
+      for (const auto& r : f.replans)
+        a.insert(a.end(), {"--replan", r});
     }
     if (f.quiet)
       a.push_back("--quiet");
@@ -421,8 +423,9 @@ int launch_nodes(const launch_options& o) {
     std::sort(excluded.begin(), excluded.end());
     if (excluded.size() >= job->nodes.size())
       break;
-    // The plan was for the chips that were; HeteroAuto plans the rest.
+    // The plans were for the chips that were; HeteroAuto plans the rest.
     flags.plan_path.clear();
+    flags.replans.clear();
     auto latest = runtime::latest_checkpoint(job->checkpoint.dir, nullptr);
     flags.resume = latest ? latest->string() : "";
     std::string left;

@@ -46,6 +46,11 @@ void add_run_flags(CLI::App& cli, run_flags& f) {
   cli.add_option("--resume", f.resume,
                  "Continue from a checkpoint: its directory, or 'latest' "
                  "(the newest complete one under checkpoint.dir)");
+  cli.add_option("--replan", f.replans,
+                 "STEP:PLAN.json: before step STEP, move the running job to "
+                 "this plan (the same chips in the same order: other layer "
+                 "boundaries, micro-batching, recomputation); repeatable. A "
+                 "drill of live rebalancing (docs/rebalance.md)");
 }
 
 int parse_and_run(CLI::App& cli, int argc, char** argv,
@@ -165,6 +170,30 @@ std::shared_ptr<const runtime::checkpoint> resume_from(const run_flags& flags,
   } catch (const runtime::checkpoint_error& e) {
     throw config_error("--resume", e.what());
   }
+}
+
+std::map<int, plan> replans_from(const run_flags& flags,
+                                 const job_config& job) {
+  std::map<int, plan> out;
+  for (const auto& r : flags.replans) {
+    const auto colon = r.find(':');
+    int step = -1;
+    try {
+      if (colon != std::string::npos)
+        step = std::stoi(r.substr(0, colon));
+    } catch (const std::exception&) {
+    }
+    if (colon == std::string::npos || step < 0)
+      throw config_error("--replan",
+                         "expected STEP:PLAN.json, got \"" + r + "\"");
+    const std::string path = r.substr(colon + 1);
+    plan p = plan_from_json(read_file(path, "plan file"), path);
+    validate_plan(p, job, path);
+    if (!out.emplace(step, std::move(p)).second)
+      throw config_error("--replan", "two re-plans before step " +
+                                       std::to_string(step));
+  }
+  return out;
 }
 
 chosen_plan choose_plan(const run_flags& flags, const job_config& job) {

@@ -131,6 +131,11 @@ void stage_worker::close_channels() noexcept {
   setup_.close_channels();
 }
 
+void stage_worker::detach_channels() noexcept {
+  for (auto& [peer, link] : setup_.peers)
+    link.channel.reset();
+}
+
 template <class F>
 auto stage_worker::guarded(F&& f) -> decltype(f()) {
   const auto failures_before = device_->memory().failures();

@@ -133,6 +133,16 @@ std::vector<bad_input_case> cases() {
     bad_flags("steps_zero", {"--steps", "0"}, {"--steps"}),
     bad_flags("metrics_port_out_of_range", {"--metrics-port", "70000"},
               {"--metrics-port"}),
+    bad_flags("replan_without_a_step", {"--replan", "plan.json"},
+              {"--replan", "STEP:PLAN.json"}),
+    {"replan_onto_other_chips",
+     [](const scratch_dir& dir) {
+       // The job runs on 0:0, 0:1, 1:0; the re-plan on 0:0 and 1:0.
+       auto job = dir.write("job.toml", small_job);
+       auto p = dir.write("other.json", plan_json(good_stages));
+       return bad_run{{job.string(), "--replan", "2:" + p.string()},
+                      {"the re-plan before step 2", "keeps the chips"}};
+     }},
   };
 }
 

@@ -5,6 +5,8 @@
 #include "launch.hpp"
 #include "test_jobs.hpp"
 
+#include "h2/core/plan.hpp"
+
 #include <gtest/gtest.h>
 
 #include <csignal>
@@ -278,6 +280,39 @@ TEST_F(apps_cluster, a_node_without_the_secret_is_refused) {
   // The coordinator still waits for a real node 1; nothing reached node 1.
   EXPECT_TRUE(rank0.running());
   EXPECT_TRUE(step_lines(rank0.out()).empty());
+}
+
+TEST_F(apps_cluster, layers_moved_live_over_two_nodes_train_as_if_not) {
+  auto job = dir_.write("job.toml", small_job);
+  // The job's plan is stages 0:0, 0:1, 1:0 holding [2, 3, 1] layers, 4
+  // micro-batches of 2; the re-plans move layers across the node boundary.
+  auto cut = [&](const std::string& name, std::vector<int> layers) {
+    plan p;
+    replica_plan r;
+    const chip_id chips[] = {{0, 0}, {0, 1}, {1, 0}};
+    int first = 0;
+    for (std::size_t i = 0; i < layers.size(); ++i) {
+      r.stages.push_back({chips[i], first, first + layers[i], false});
+      first += layers[i];
+    }
+    r.micro_batch_size = 2;
+    r.micro_batches = 4;
+    p.replicas = {r};
+    return dir_.write(name, to_json(p));
+  };
+  auto early = cut("early.json", {1, 3, 2});
+  auto late = cut("late.json", {4, 1, 1});
+  launch_ok({job.string(), "--steps", "6", "--no-metrics", "--json-log",
+             (dir_ / "still.jsonl").string()});
+  auto r = launch_ok({job.string(), "--nodes", "2", "--steps", "6",
+                      "--no-metrics", "--replan", "2:" + early.string(),
+                      "--replan", "4:" + late.string(), "--json-log",
+                      (dir_ / "moved.jsonl").string()});
+  EXPECT_NE(r.out.find("layers [ 0,  1)"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("layers [ 0,  4)"), std::string::npos) << r.out;
+  const auto still = logged_losses(dir_ / "still.jsonl");
+  EXPECT_EQ(still.size(), 6u);
+  EXPECT_EQ(logged_losses(dir_ / "moved.jsonl"), still); // bitwise
 }
 
 TEST_F(apps_cluster, nodes_that_see_other_checkpoint_directories_refuse) {

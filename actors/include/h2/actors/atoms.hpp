@@ -14,6 +14,8 @@ using params_atom = caf::atom_constant<caf::atom("params")>;
 using snapshot_atom = caf::atom_constant<caf::atom("snapshot")>;
 using written_atom = caf::atom_constant<caf::atom("written")>;
 using saved_atom = caf::atom_constant<caf::atom("saved")>;
+using layers_atom = caf::atom_constant<caf::atom("layers")>;
+using replan_atom = caf::atom_constant<caf::atom("replan")>;
 
 // The cluster: joining, assignments, liveness, the end of a job.
 using hello_atom = caf::atom_constant<caf::atom("hello")>;

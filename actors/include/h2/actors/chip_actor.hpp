@@ -36,6 +36,11 @@ struct chip_options {
 ///   the writer and answers how many; once they are on disk the sender
 ///   gets (written_atom, step, std::vector<runtime::file_record>,
 ///   caf::error).
+/// - (layers_atom) -> std::vector<runtime::layer_state>: host copies of
+///   the stage's layers (a live re-plan)
+/// - (replan_atom, std::string plan_json, std::vector<layer_state>) ->
+///   setup_report: rebuilds the stage for the chip's part of the plan, on
+///   the same channels (the same neighbours), and loads the layers
 /// Spawn with caf::detached.
 caf::behavior chip_actor(caf::event_based_actor* self,
                          runtime::worker_setup setup, chip_options options);

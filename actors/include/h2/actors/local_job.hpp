@@ -41,6 +41,12 @@ struct run_options {
   /// The job file's text, recorded in the manifest of every checkpoint the
   /// run saves (the job's [checkpoint]).
   std::string job_text;
+  /// Live re-plans (docs/rebalance.md): before step k starts the job moves
+  /// to `replans[k]`, which must hold the plan's chips in the same order
+  /// (other layer boundaries, micro-batching, recomputation); chips hand
+  /// their layers and optimizer state to the new owners. run() throws
+  /// config_error naming the step otherwise.
+  std::map<int, plan> replans;
 };
 
 class local_job {

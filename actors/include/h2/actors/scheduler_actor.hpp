@@ -15,6 +15,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <map>
 #include <memory>
 #include <vector>
 
@@ -31,6 +32,11 @@ struct run_context {
   /// Steps already trained (a resumed run starts there; its chips loaded
   /// their layers at set-up).
   int first_step = 0;
+  /// Live re-plans: before step k starts, the job moves to plan
+  /// `replans[k]` (the same chips in the same order: other layer
+  /// boundaries, micro-batching, recomputation). Chips hand their layers,
+  /// with the optimizer's state, to their new owners (docs/rebalance.md).
+  std::map<int, plan> replans;
   /// The driving node's checkpoint writer (the job's [checkpoint]): it
   /// publishes each checkpoint's manifest once every chip's layer files are
   /// written; null: no checkpoints.
@@ -50,6 +56,12 @@ std::chrono::milliseconds step_timeout(const job_config& job);
 /// anything else to_failure(e).
 failure request_failure(const caf::error& e, const job_config& job,
                         const chip_id& chip);
+
+/// Checks live re-plans against the plan a run starts with: each valid for
+/// `job` and holding its chips in the same order. Throws config_error
+/// naming "the re-plan before step K".
+void check_replans(const std::map<int, plan>& replans, const plan& start,
+                   const job_config& job);
 
 /// Spawns the scheduler actor. After setting up every chip, it trains from
 /// ctx->first_step until `steps` steps are done or a stop, saving a

@@ -12,6 +12,7 @@
 #include <CLI/CLI.hpp>
 
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -31,10 +32,12 @@ struct run_flags {
   bool quiet = false;
   int stop_after = 0; ///< end cleanly after this step (0: train.steps)
   std::string resume; ///< checkpoint directory, "latest" or "" (none)
+  /// --replan STEP:PLAN.json, as given (a drill: move layers live).
+  std::vector<std::string> replans;
 };
 
 /// Adds --steps, --json-log, --trace, --plan, --export, --metrics-port,
-/// --no-metrics, --quiet, --stop-after and --resume to `cli`.
+/// --no-metrics, --quiet, --stop-after, --resume and --replan to `cli`.
 void add_run_flags(CLI::App& cli, run_flags& flags);
 
 /// Parses `argv` into `cli` (a parse error is a config_error: one line,
@@ -70,6 +73,12 @@ std::string job_text(const std::string& path);
 /// (exit 2), also for a damaged checkpoint (its checkpoint_error's text).
 std::shared_ptr<const runtime::checkpoint> resume_from(const run_flags& flags,
                                                        const job_config& job);
+
+/// The live re-plans --replan asks for: step -> plan, each read from its
+/// JSON file and checked against `job` (validate_plan; that it keeps the
+/// run's chips is checked when the run starts). Throws config_error
+/// naming --replan or the file.
+std::map<int, plan> replans_from(const run_flags& flags, const job_config& job);
 
 /// The plan a run trains, and HeteroAuto's prediction when it made it.
 struct chosen_plan {

@@ -114,6 +114,11 @@ public:
   /// worker's own waits with cancelled. Thread-safe.
   void close_channels() noexcept;
 
+  /// Lets go of every channel without closing it, so that a worker built
+  /// for another plan (a live re-plan, between steps) can use them; this
+  /// worker runs no step after it.
+  void detach_channels() noexcept;
+
   devices::device_context& device() noexcept { return *device_; }
   model::stage& stage() noexcept { return *stage_; }
   const worker_setup& setup() const noexcept { return setup_; }

@@ -1,0 +1,113 @@
+// Live re-plans (docs/rebalance.md): layers that move between the chips of
+// a running job at step boundaries, with their AdamW moments, change
+// nothing of the training: forced moves at two steps give bitwise the
+// losses and final parameters of the run without them (fp32, one replica,
+// the same micro-batching). A re-plan that changes the chips is refused.
+#include "h2/actors/local_job.hpp"
+#include "test_jobs.hpp"
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+
+namespace h2::test {
+namespace {
+
+/// Three fp32 chips of three kinds, 6 layers, 5 steps, virtual clock.
+std::shared_ptr<job_config> replan_job() {
+  auto j = std::make_shared<job_config>(parse_job(small_job_toml(17) + R"(
+[[nodes]]
+chips = [{device = "emulated:h100-sxm", dtype = "fp32"},
+         {device = "emulated:mi250x", dtype = "fp32"},
+         {device = "emulated:a100-sxm-80gb", dtype = "fp32"}]
+)",
+                                                  "replan.toml"));
+  j->train.steps = 5;
+  return j;
+}
+
+/// One replica over chips 0:0, 0:1, 0:2 holding `layers[i]` layers each,
+/// 4 micro-batches of 2 sequences.
+plan cut(const job_config& job, const std::vector<int>& layers) {
+  plan p;
+  replica_plan r;
+  int first = 0;
+  for (std::size_t i = 0; i < layers.size(); ++i) {
+    r.stages.push_back(stage_plan{chip_id{0, static_cast<int>(i)}, first,
+                                  first + layers[i], false});
+    first += layers[i];
+  }
+  r.micro_batch_size = 2;
+  r.micro_batches = 4;
+  p.replicas = {r};
+  validate_plan(p, job, "test plan");
+  return p;
+}
+
+struct outcome {
+  std::vector<double> losses;
+  std::vector<runtime::parameter_values> params;
+  std::vector<std::vector<int>> stage_layers; ///< from each on_setup
+};
+
+class setup_recorder : public runtime::step_recorder {
+public:
+  std::vector<std::vector<int>> setups;
+  void on_setup(const plan& p,
+                const std::vector<runtime::setup_report>&) override {
+    std::vector<int> layers;
+    for (const auto& s : p.replicas.front().stages)
+      layers.push_back(s.num_layers());
+    setups.push_back(layers);
+  }
+};
+
+outcome run(const std::shared_ptr<job_config>& job, const plan& p,
+            std::map<int, plan> replans) {
+  actors::local_job local(job, p);
+  setup_recorder recorder;
+  actors::run_options o(job->train.steps, true);
+  o.replans = std::move(replans);
+  local.run(o, recorder);
+  return {recorder.losses(), local.parameters(), recorder.setups};
+}
+
+TEST(actors_replan, moved_layers_train_as_if_they_never_moved) {
+  auto job = replan_job();
+  const plan start = cut(*job, {2, 2, 2});
+  const auto still = run(job, start, {});
+  const auto moved = run(job, start,
+                         {{1, cut(*job, {1, 3, 2})}, {3, cut(*job, {4, 1, 1})}});
+
+  EXPECT_EQ(moved.stage_layers, (std::vector<std::vector<int>>{
+                                  {2, 2, 2}, {1, 3, 2}, {4, 1, 1}}));
+  EXPECT_EQ(moved.losses, still.losses); // bitwise
+  ASSERT_EQ(moved.params.size(), still.params.size());
+  for (std::size_t i = 0; i < still.params.size(); ++i) {
+    ASSERT_EQ(moved.params[i].name, still.params[i].name);
+    ASSERT_EQ(moved.params[i].values.size(), still.params[i].values.size());
+    EXPECT_EQ(std::memcmp(moved.params[i].values.data(),
+                          still.params[i].values.data(),
+                          still.params[i].values.size() * sizeof(float)),
+              0)
+      << still.params[i].name;
+  }
+}
+
+TEST(actors_replan, a_replan_that_changes_the_chips_is_refused) {
+  auto job = replan_job();
+  const plan start = cut(*job, {2, 2, 2});
+  plan other = start;
+  std::swap(other.replicas[0].stages[0].chip, other.replicas[0].stages[1].chip);
+  try {
+    run(job, start, {{2, other}});
+    FAIL() << "a re-plan onto other chips was accepted";
+  } catch (const config_error& e) {
+    EXPECT_NE(std::string(e.what()).find("the re-plan before step 2"),
+              std::string::npos)
+      << e.what();
+  }
+}
+
+} // namespace
+} // namespace h2::test
