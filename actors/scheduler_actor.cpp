@@ -303,6 +303,7 @@ void replan(self_ptr self, plan p, std::function<void()> then) {
       auto& ctx = *self->state.ctx;
       ctx.the_plan = p;
       const auto json = to_json(p, -1);
+      ctx.manifest.plan_json = json; // checkpoints record the live plan
       const auto ids = plan_chips(p);
       auto left = std::make_shared<std::size_t>(ctx.chips.size());
       auto reports = std::make_shared<std::vector<runtime::setup_report>>(

@@ -2,13 +2,18 @@
 // a running job at step boundaries, with their AdamW moments, change
 // nothing of the training: forced moves at two steps give bitwise the
 // losses and final parameters of the run without them (fp32, one replica,
-// the same micro-batching). A re-plan that changes the chips is refused.
+// the same micro-batching), and a checkpoint saved afterwards records the
+// live plan. A re-plan that changes the chips is refused.
 #include "h2/actors/local_job.hpp"
+#include "h2/runtime/checkpoint_files.hpp"
 #include "test_jobs.hpp"
 
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <filesystem>
+
+#include <unistd.h>
 
 namespace h2::test {
 namespace {
@@ -76,8 +81,18 @@ TEST(actors_replan, moved_layers_train_as_if_they_never_moved) {
   auto job = replan_job();
   const plan start = cut(*job, {2, 2, 2});
   const auto still = run(job, start, {});
-  const auto moved = run(job, start,
-                         {{1, cut(*job, {1, 3, 2})}, {3, cut(*job, {4, 1, 1})}});
+  // The moved run saves its end: the checkpoint records the live plan.
+  const auto dir = std::filesystem::temp_directory_path() /
+                   ("h2-replan-test-" + std::to_string(::getpid()));
+  auto saving = std::make_shared<job_config>(*job);
+  saving->checkpoint.dir = dir.string();
+  const plan last = cut(*job, {4, 1, 1});
+  const auto moved =
+    run(saving, start, {{1, cut(*job, {1, 3, 2})}, {3, last}});
+  const auto manifest =
+    runtime::read_manifest(runtime::checkpoint_dir(dir, job->train.steps));
+  std::filesystem::remove_all(dir);
+  EXPECT_EQ(manifest.plan_json, to_json(last, -1));
 
   EXPECT_EQ(moved.stage_layers, (std::vector<std::vector<int>>{
                                   {2, 2, 2}, {1, 3, 2}, {4, 1, 1}}));
