@@ -64,12 +64,12 @@ void fail(self_ptr self, const caf::error& err) {
     st.done.deliver(err);
 }
 
-/// Sends `xs...` to the first `count` chips (plan order: replica 0's stages
-/// first); calls `on_all` with the replies in chip order, or delivers the
-/// root cause of the failures to the run's promise.
-template <class Reply, class OnAll, class... Ts>
-void gather_first(self_ptr self, std::size_t count, OnAll on_all, Ts... xs) {
-  const auto& chips = self->state.ctx->chips;
+/// Makes one request of each of the first `count` chips (plan order:
+/// replica 0's stages first) through `ask(i, timeout)`; calls `on_all`
+/// with the replies in chip order, or delivers the root cause of the
+/// failures to the run's promise.
+template <class Reply, class OnAll, class Ask>
+void gather_with(self_ptr self, std::size_t count, OnAll on_all, Ask ask) {
   struct pending {
     std::vector<Reply> replies;
     std::vector<failure> failures;
@@ -92,7 +92,7 @@ void gather_first(self_ptr self, std::size_t count, OnAll on_all, Ts... xs) {
   const auto ids = plan_chips(ctx.the_plan);
   const auto timeout = step_timeout(*ctx.job);
   for (std::size_t i = 0; i < count; ++i)
-    self->request(chips[i], timeout, xs...)
+    ask(i, timeout)
       .then(
         [p, i, finish](Reply& r) {
           p->replies[i] = std::move(r);
@@ -103,6 +103,16 @@ void gather_first(self_ptr self, std::size_t count, OnAll on_all, Ts... xs) {
             request_failure(e, *self->state.ctx->job, chip));
           finish();
         });
+}
+
+/// Sends `xs...` to the first `count` chips (gather_with).
+template <class Reply, class OnAll, class... Ts>
+void gather_first(self_ptr self, std::size_t count, OnAll on_all, Ts... xs) {
+  gather_with<Reply>(self, count, std::move(on_all),
+                     [self, xs...](std::size_t i, auto timeout) {
+                       return self->request(self->state.ctx->chips[i],
+                                            timeout, xs...);
+                     });
 }
 
 /// Sends `xs...` to every chip (gather_first over all of them).
@@ -304,34 +314,26 @@ void replan(self_ptr self, plan p, std::function<void()> then) {
       ctx.the_plan = p;
       const auto json = to_json(p, -1);
       ctx.manifest.plan_json = json; // checkpoints record the live plan
-      const auto ids = plan_chips(p);
-      auto left = std::make_shared<std::size_t>(ctx.chips.size());
-      auto reports = std::make_shared<std::vector<runtime::setup_report>>(
-        ctx.chips.size());
-      std::size_t i = 0;
+      // Each chip's layers of the new plan, in plan order.
+      auto slices =
+        std::make_shared<std::vector<std::vector<runtime::layer_state>>>();
       for (const auto& rep : p.replicas)
-        for (const auto& s : rep.stages) {
-          std::vector<runtime::layer_state> mine(
-            layers.begin() + s.first_layer, layers.begin() + s.end_layer);
-          self
-            ->request(ctx.chips[i], step_timeout(*ctx.job), replan_atom::value,
-                      json, std::move(mine))
-            .then(
-              [self, left, reports, i, then](runtime::setup_report& r) {
-                (*reports)[i] = std::move(r);
-                if (--*left != 0)
-                  return;
-                auto& ctx = *self->state.ctx;
-                if (ctx.observer != nullptr)
-                  ctx.observer->on_setup(ctx.the_plan, *reports);
-                then();
-              },
-              [self, chip = ids.at(i)](caf::error& e) {
-                const auto f = request_failure(e, *self->state.ctx->job, chip);
-                fail(self, make_error(f.code, f.message));
-              });
-          ++i;
-        }
+        for (const auto& s : rep.stages)
+          slices->emplace_back(layers.begin() + s.first_layer,
+                               layers.begin() + s.end_layer);
+      gather_with<runtime::setup_report>(
+        self, ctx.chips.size(),
+        [self, then](std::vector<runtime::setup_report> reports) {
+          auto& ctx = *self->state.ctx;
+          if (ctx.observer != nullptr)
+            ctx.observer->on_setup(ctx.the_plan, reports);
+          then();
+        },
+        [self, json, slices](std::size_t i, auto timeout) {
+          return self->request(self->state.ctx->chips[i], timeout,
+                               replan_atom::value, json,
+                               std::move((*slices)[i]));
+        });
     },
     layers_atom::value);
 }
