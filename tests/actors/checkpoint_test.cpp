@@ -22,6 +22,13 @@ namespace {
 
 namespace fs = std::filesystem;
 
+/// Concatenates the losses of a stopped run and of its resumption.
+std::vector<double> joined(std::vector<double> first,
+                           const std::vector<double>& second) {
+  first.insert(first.end(), second.begin(), second.end());
+  return first;
+}
+
 class actors_checkpoint : public ::testing::Test {
 protected:
   void SetUp() override {
@@ -102,6 +109,17 @@ dir = ")" + (root_ / dir).string() + R"("
     EXPECT_TRUE(found.has_value()) << "no checkpoint under " << dir;
     return std::make_shared<runtime::checkpoint>(
       runtime::read_checkpoint(*found));
+  }
+
+  /// Trains job_for_replicas("split") to step 2 under `before` (saving
+  /// there), then resumes it under `after` to step 4: the losses of both
+  /// parts, and the final parameters.
+  outcome stopped_and_resumed(const plan& before, const plan& after) {
+    auto j = job_for_replicas("split");
+    const auto first = run(j, before, 2);
+    auto second = run(j, after, 4, latest("split"));
+    second.losses = joined(first.losses, second.losses);
+    return second;
   }
 
   fs::path root_;
@@ -224,13 +242,6 @@ plan replica_plan_of(const job_config& job, std::vector<replica_plan> replicas,
   return p;
 }
 
-/// Concatenates the losses of a stopped run and of its resumption.
-std::vector<double> joined(std::vector<double> first,
-                           const std::vector<double>& second) {
-  first.insert(first.end(), second.begin(), second.end());
-  return first;
-}
-
 TEST_F(actors_checkpoint, stop_save_and_resume_equals_one_run) {
   auto whole_job = job("whole");
   const plan p = scheduler::make_plan(*whole_job);
@@ -287,17 +298,15 @@ TEST_F(actors_checkpoint, resume_on_two_replicas_equals_one_run) {
 
   // Saved under one replica of two chips [3, 3], resumed on four chips:
   // two replicas cut [2, 4] (three micro-batches) and [4, 2] (one).
-  auto split_job = job_for_replicas("split");
-  const auto first = run(split_job, one, 2);
-  const plan two = replica_plan_of(*split_job,
+  const plan two = replica_plan_of(*whole_job,
                                    {{{stage(2, 0, 2), stage(3, 2, 6)}, 2, 3},
                                     {{stage(0, 0, 4), stage(1, 4, 6)}, 2, 1}},
                                    "two replicas");
   ASSERT_EQ(reduction_groups(two).size(), 3u);
-  const auto second = run(split_job, two, 4, latest("split"));
+  const auto split = stopped_and_resumed(one, two);
 
-  EXPECT_EQ(joined(first.losses, second.losses), whole.losses); // bitwise
-  expect_same_parameters(second.params, whole.params);
+  EXPECT_EQ(split.losses, whole.losses); // bitwise
+  expect_same_parameters(split.params, whole.params);
   expect_same_state(*latest("whole"), *latest("split"));
 }
 
@@ -311,15 +320,13 @@ TEST_F(actors_checkpoint, resume_from_two_replicas_equals_one_run) {
 
   // Saved under two replicas on four chips, resumed on one replica of
   // three chips [1, 2, 3].
-  auto split_job = job_for_replicas("split");
-  const auto first = run(split_job, two, 2);
   const plan three = replica_plan_of(
-    *split_job, {{{stage(3, 0, 1), stage(1, 1, 3), stage(2, 3, 6)}, 4, 2}},
+    *j, {{{stage(3, 0, 1), stage(1, 1, 3), stage(2, 3, 6)}, 4, 2}},
     "three stages");
-  const auto second = run(split_job, three, 4, latest("split"));
+  const auto split = stopped_and_resumed(two, three);
 
-  EXPECT_EQ(joined(first.losses, second.losses), whole.losses); // bitwise
-  expect_same_parameters(second.params, whole.params);
+  EXPECT_EQ(split.losses, whole.losses); // bitwise
+  expect_same_parameters(split.params, whole.params);
   expect_same_state(*latest("whole"), *latest("split"));
 }
 
@@ -331,16 +338,14 @@ TEST_F(actors_checkpoint, two_replicas_of_two_micro_batches_within_bound) {
     *whole_job, {{{stage(0, 0, 3), stage(1, 3, 6)}, 2, 4}}, "one replica");
   const auto whole = run(whole_job, one, 4);
 
-  auto split_job = job_for_replicas("split");
-  const auto first = run(split_job, one, 2);
-  const plan two = replica_plan_of(*split_job,
+  const plan two = replica_plan_of(*whole_job,
                                    {{{stage(2, 0, 2), stage(3, 2, 6)}, 2, 2},
                                     {{stage(0, 0, 4), stage(1, 4, 6)}, 2, 2}},
                                    "two replicas");
-  const auto second = run(split_job, two, 4, latest("split"));
+  const auto split = stopped_and_resumed(one, two);
 
-  expect_within_reassociation(*whole_job, joined(first.losses, second.losses),
-                              whole.losses, second.params, whole.params);
+  expect_within_reassociation(*whole_job, split.losses, whole.losses,
+                              split.params, whole.params);
 }
 
 // Three or more replicas reassociate the gradient sums: within the bound
@@ -353,17 +358,15 @@ TEST_F(actors_checkpoint, resume_on_three_replicas_within_reassociation) {
 
   // Saved under one replica of two chips, resumed on three replicas of
   // four chips: two micro-batches on [4, 2], one on each whole-model chip.
-  auto split_job = job_for_replicas("split");
-  const auto first = run(split_job, one, 2);
-  const plan three = replica_plan_of(*split_job,
+  const plan three = replica_plan_of(*whole_job,
                                      {{{stage(0, 0, 4), stage(1, 4, 6)}, 2, 2},
                                       {{stage(2, 0, 6)}, 2, 1},
                                       {{stage(3, 0, 6)}, 2, 1}},
                                      "three replicas");
-  const auto second = run(split_job, three, 4, latest("split"));
+  const auto split = stopped_and_resumed(one, three);
 
-  expect_within_reassociation(*whole_job, joined(first.losses, second.losses),
-                              whole.losses, second.params, whole.params);
+  expect_within_reassociation(*whole_job, split.losses, whole.losses,
+                              split.params, whole.params);
 }
 
 TEST_F(actors_checkpoint, resume_from_four_replicas_within_reassociation) {
@@ -375,18 +378,16 @@ TEST_F(actors_checkpoint, resume_from_four_replicas_within_reassociation) {
 
   // Saved under four replicas of one chip each, resumed on one replica of
   // three chips.
-  auto split_job = job_for_replicas("split");
-  const plan four = replica_plan_of(*split_job,
+  const plan four = replica_plan_of(*whole_job,
                                     {{{stage(0, 0, 6)}, 2, 1},
                                      {{stage(1, 0, 6)}, 2, 1},
                                      {{stage(2, 0, 6)}, 2, 1},
                                      {{stage(3, 0, 6)}, 2, 1}},
                                     "four replicas");
-  const auto first = run(split_job, four, 2);
-  const auto second = run(split_job, three_stages, 4, latest("split"));
+  const auto split = stopped_and_resumed(four, three_stages);
 
-  expect_within_reassociation(*whole_job, joined(first.losses, second.losses),
-                              whole.losses, second.params, whole.params);
+  expect_within_reassociation(*whole_job, split.losses, whole.losses,
+                              split.params, whole.params);
 }
 
 TEST_F(actors_checkpoint, saves_every_n_steps_and_keeps_the_newest) {
