@@ -17,6 +17,7 @@ struct chip_state {
   runtime::worker_setup setup;
   chip_options options;
   std::unique_ptr<runtime::stage_worker> worker;
+  double throttle = 1; ///< survives a re-plan's new worker
 
   void close_channels() noexcept { setup.close_channels(); }
 
@@ -46,6 +47,8 @@ struct chip_state {
     worker.reset(); // its stage's memory goes first
     setup = std::move(*next);
     worker = std::make_unique<runtime::stage_worker>(setup);
+    if (throttle != 1)
+      worker->set_throttle(throttle);
     worker->restore(layers);
   }
 
@@ -104,6 +107,13 @@ caf::behavior chip_actor(caf::event_based_actor* self,
     [state](params_atom) {
       return state->with_worker(
         [&](runtime::stage_worker& w) { return w.parameters(); });
+    },
+    [state](throttle_atom, double factor) {
+      return state->with_worker([&](runtime::stage_worker& w) {
+        w.set_throttle(factor);
+        state->throttle = factor;
+        return factor;
+      });
     },
     [state](layers_atom) {
       return state->with_worker(

@@ -23,6 +23,7 @@
 #include <mutex>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <vector>
 
 namespace h2::actors {
@@ -60,13 +61,50 @@ struct node_assignment {
   /// and its step (checked against its manifest). Empty: from scratch.
   std::string resume_dir;
   std::int64_t resume_step = 0;
+  /// The coordinator's seal over all of the above (assignment_payload).
+  transport::control_seal seal;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, node_assignment& x) {
   return f(caf::meta::type_name("node_assignment"), x.plan_json, x.links,
            x.origin_system_ns, x.checkpoint_marker, x.resume_dir,
-           x.resume_step);
+           x.resume_step, x.seal);
+}
+
+/// What an assignment's seal covers: every field but the seal, each
+/// length-prefixed so that no two assignments read alike.
+inline std::string assignment_payload(const node_assignment& a) {
+  std::string out;
+  auto put = [&out](const auto& value) {
+    std::string text;
+    if constexpr (std::is_convertible_v<decltype(value), std::string_view>)
+      text = std::string(value);
+    else
+      text = std::to_string(value);
+    out += std::to_string(text.size()) + ":" + text;
+  };
+  put(a.plan_json);
+  put(a.origin_system_ns);
+  put(a.checkpoint_marker);
+  put(a.resume_dir);
+  put(a.resume_step);
+  for (const auto& l : a.links) {
+    put(l.id);
+    put(l.local.to_string());
+    put(l.peer.to_string());
+    const auto& p = l.peer_address;
+    put(p.node_rank);
+    put(p.host_id);
+    put(p.tcp_host);
+    put(p.tcp_port);
+    put(p.shm_socket);
+    put(p.rdma_device);
+    put(p.rdma_port);
+    put(static_cast<int>(l.dial));
+    put(l.backend);
+  }
+  return out;
 }
 
 /// A node's chip actors, ready.
@@ -85,12 +123,13 @@ typename Inspector::result_type inspect(Inspector& f, node_ready& x) {
 /// transport.md, "Control messages"): a message whose seal does not verify
 /// under the job's secret, or repeats a sequence number, is dropped and
 /// logged. Node to coordinator: its heartbeat, a stop request.
-/// Coordinator to node: its heartbeat, abort (payload "<code>/<why>"),
-/// finish.
+/// Coordinator to node: the plan assignment (payload assignment_payload),
+/// its heartbeat, abort (payload "<code>/<why>"), finish.
 inline constexpr std::string_view node_heartbeat = "node-heartbeat";
 inline constexpr std::string_view stop_request = "stop";
 inline constexpr std::string_view coordinator_heartbeat =
   "coordinator-heartbeat";
+inline constexpr std::string_view assign_order = "assign";
 inline constexpr std::string_view abort_order = "abort";
 inline constexpr std::string_view finish_order = "finish";
 

@@ -50,6 +50,16 @@ public:
       local_->on_eval(step, loss);
   }
 
+  void on_checkpoint(int steps, double waited, double stall) override {
+    if (local_ != nullptr)
+      local_->on_checkpoint(steps, waited, stall);
+  }
+
+  void on_rebalance(const runtime::rebalance_event& e) override {
+    if (local_ != nullptr)
+      local_->on_rebalance(e);
+  }
+
 private:
   runtime::training_observer* local_;
   std::vector<caf::actor> nodes_;
@@ -101,6 +111,8 @@ void fail_job(coordinator_self self, errc code, const std::string& why) {
   for (auto& [rank, m] : st.members)
     self->send(m.node, abort_atom::value, code8, why,
                st.signer->seal(abort_order, abort_payload(code8, why)));
+  if (st.options.run.admin)
+    st.options.run.admin->close();
   if (st.scheduler)
     self->send_exit(st.scheduler, caf::exit_reason::user_shutdown);
   self->send(st.waiter, done_atom::value, make_error(code, why),
@@ -116,6 +128,8 @@ void finish_job(coordinator_self self, const runtime::run_summary& summary,
   st.ended = true;
   for (auto& [rank, m] : st.members)
     self->send(m.node, finish_atom::value, st.signer->seal(finish_order, ""));
+  if (st.options.run.admin)
+    st.options.run.admin->close();
   if (st.scheduler)
     self->send_exit(st.scheduler, caf::exit_reason::user_shutdown);
   self->send(st.waiter, done_atom::value, caf::error{}, summary,
@@ -160,6 +174,7 @@ void train(coordinator_self self) {
                                                      std::move(others));
   st.ctx->observer = st.observer.get();
   st.ctx->stop = st.options.stop;
+  st.ctx->admin = st.options.run.admin;
   st.scheduler = spawn_scheduler(self->system(), st.ctx);
   // The whole run has no deadline: each of its requests to a chip has one
   // (runtime.step_timeout_seconds), and the heartbeats end a run whose node
@@ -248,6 +263,7 @@ void start_job(coordinator_self self) {
       a.resume_dir = resume->dir.string();
       a.resume_step = resume->manifest.step;
     }
+    a.seal = st.signer->seal(assign_order, assignment_payload(a));
     self->request(m.node, std::chrono::minutes(5), assign_atom::value, a)
       .then(
         [self, pending, actors](node_ready& r) {

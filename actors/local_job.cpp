@@ -112,6 +112,7 @@ runtime::run_summary local_job::run(const run_options& opts,
                                                      std::move(co)));
   }
 
+  ctx->admin = opts.admin;
   auto sched = spawn_scheduler(system, ctx);
   std::optional<runtime::run_summary> result;
   std::optional<failure> failed;
@@ -122,6 +123,8 @@ runtime::run_summary local_job::run(const run_options& opts,
     self->request(sched, caf::infinite, train_atom::value, opts.steps)
       .receive([&](runtime::run_summary& s) { result = s; },
                [&](caf::error& e) { failed = to_failure(e); });
+    if (opts.admin)
+      opts.admin->close();
     parameters_.clear();
     chip_parameters_.clear();
     if (!failed && opts.collect_parameters) {

@@ -132,6 +132,12 @@ caf::behavior node_actor(node_self self, node_context ctx) {
   });
   return {
     [self](assign_atom, const node_assignment& a) -> caf::result<node_ready> {
+      if (!from_coordinator(self, assign_order, a.seal, assignment_payload(a),
+                            "plan assignment"))
+        return make_error(errc::unauthorized,
+                          "node " + std::to_string(self->state.ctx.rank) +
+                            ": a plan assignment without the coordinator's "
+                            "valid seal");
       self->monitor(self->state.ctx.coordinator);
       if (self->state.ctx.rank != self->state.ctx.coordinator_rank) {
         self->state.coordinator_seen = std::chrono::steady_clock::now();

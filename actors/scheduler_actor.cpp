@@ -3,6 +3,8 @@
 #include "h2/actors/atoms.hpp"
 #include "h2/actors/errors.hpp"
 #include "h2/actors/messages.hpp"
+#include "h2/runtime/admin.hpp"
+#include "h2/runtime/rebalancing.hpp"
 #include "h2/runtime/step_control.hpp"
 
 #include <caf/actor_cast.hpp>
@@ -44,6 +46,30 @@ struct scheduler_state {
   std::optional<save_in_progress> saving;
   /// What waits for `saving` to end (the next save, or the run's end).
   std::function<void()> after_save;
+
+  /// Live rebalancing (docs/rebalance.md): the policy, when the job
+  /// rebalances by its own decision or takes admin commands.
+  std::unique_ptr<runtime::rebalancer> rebalancer;
+  /// A plan to move to before the next step, and why.
+  struct pending_plan {
+    plan value;
+    std::string reason;
+    double before_seconds = 0;
+    double after_seconds = 0;
+  };
+  std::optional<pending_plan> pending;
+  int generation = 0; ///< plans adopted since the start
+  std::size_t next_drill = 0; ///< index into job.drills
+  /// Speed changes due before the next step ([[drills]], h2-admin
+  /// throttle), and each chip's factor once applied.
+  std::vector<drill> due_drills;
+  std::map<chip_id, double> throttles;
+
+  // h2-admin (docs/admin.md).
+  bool paused = false;
+  std::function<void()> held; ///< the next step, while paused
+  bool checkpoint_requested = false;
+  double last_step_seconds = 0;
 };
 
 namespace {
@@ -51,6 +77,9 @@ namespace {
 using self_ptr = caf::stateful_actor<scheduler_state>*;
 
 using clock = std::chrono::steady_clock;
+
+/// How often the scheduler looks for admin commands (docs/admin.md).
+constexpr std::chrono::milliseconds admin_poll_interval{50};
 
 double seconds_since(clock::time_point t) {
   return std::chrono::duration<double>(clock::now() - t).count();
@@ -239,8 +268,22 @@ void on_updates(self_ptr self, const runtime::update_decision& decision,
     decision.grad_norm, cmd.clip_coefficient, steps, updates);
   st.virtual_barrier = summary.virtual_end;
   st.totals->add(summary, updates, job.tokens_per_step());
+  st.last_step_seconds = summary.step_seconds;
   if (st.ctx->observer != nullptr)
     st.ctx->observer->on_step(summary);
+  if (st.rebalancer) {
+    try {
+      auto proposal = st.rebalancer->policy().observe(
+        runtime::observations_of(st.step, steps, updates));
+      if (proposal)
+        st.pending = scheduler_state::pending_plan{
+          std::move(proposal->value), std::move(proposal->reason),
+          proposal->before_seconds, proposal->after_seconds};
+    } catch (...) {
+      fail(self, current_exception_error());
+      return;
+    }
+  }
   ++st.step;
   const int every = job.checkpoint.every;
   if (every > 0 && st.step % every == 0 && st.step < st.steps) {
@@ -295,15 +338,28 @@ void on_steps(self_ptr self, std::vector<runtime::chip_step_report> steps) {
     update_atom::value, decision.command);
 }
 
-/// Moves the job to plan `p` between steps (run_context::replans):
-/// replica 0's chips copy their layers to host memory, every chip gets its
-/// layers of `p` and rebuilds its stage; then `then()`.
-void replan(self_ptr self, plan p, std::function<void()> then) {
-  const auto owners = self->state.ctx->the_plan.replicas.front().stages.size();
+/// Moves the job to plan `p` between steps (docs/rebalance.md): replica
+/// 0's chips copy their layers to host memory, every chip gets its layers
+/// of `p` and rebuilds its stage; the moves' link time is charged on the
+/// virtual clock, the policy adopts `p`, the observer hears of it; then
+/// `then()`.
+void replan(self_ptr self, scheduler_state::pending_plan change,
+            std::function<void()> then) {
+  auto& ctx = *self->state.ctx;
+  std::vector<scheduler::layer_move> moves;
+  try {
+    moves = scheduler::layer_moves(*ctx.job, ctx.the_plan, change.value);
+  } catch (...) {
+    fail(self, current_exception_error());
+    return;
+  }
+  const auto owners = ctx.the_plan.replicas.front().stages.size();
+  const auto started = clock::now();
   gather_first<std::vector<runtime::layer_state>>(
     self, owners,
-    [self, p = std::move(p), then = std::move(then)](
-      std::vector<std::vector<runtime::layer_state>> per_chip) {
+    [self, change = std::move(change), moves = std::move(moves),
+     then = std::move(then),
+     started](std::vector<std::vector<runtime::layer_state>> per_chip) {
       std::vector<runtime::layer_state> layers;
       for (auto& chip : per_chip)
         for (auto& l : chip)
@@ -311,22 +367,46 @@ void replan(self_ptr self, plan p, std::function<void()> then) {
       std::sort(layers.begin(), layers.end(),
                 [](const auto& a, const auto& b) { return a.layer < b.layer; });
       auto& ctx = *self->state.ctx;
-      ctx.the_plan = p;
-      const auto json = to_json(p, -1);
+      ctx.the_plan = change.value;
+      const auto json = to_json(change.value, -1);
       ctx.manifest.plan_json = json; // checkpoints record the live plan
       // Each chip's layers of the new plan, in plan order.
       auto slices =
         std::make_shared<std::vector<std::vector<runtime::layer_state>>>();
-      for (const auto& rep : p.replicas)
+      for (const auto& rep : change.value.replicas)
         for (const auto& s : rep.stages)
           slices->emplace_back(layers.begin() + s.first_layer,
                                layers.begin() + s.end_layer);
       gather_with<runtime::setup_report>(
         self, ctx.chips.size(),
-        [self, then](std::vector<runtime::setup_report> reports) {
-          auto& ctx = *self->state.ctx;
-          if (ctx.observer != nullptr)
+        [self, change, moves, then, started](
+          std::vector<runtime::setup_report> reports) {
+          auto& st = self->state;
+          auto& ctx = *st.ctx;
+          runtime::rebalance_event e;
+          e.step = st.step;
+          e.generation = ++st.generation;
+          e.reason = change.reason;
+          e.value = change.value;
+          for (const auto& m : moves) {
+            e.moves.push_back("layers [" + std::to_string(m.first_layer) +
+                              ", " + std::to_string(m.end_layer) + ") " +
+                              m.from.to_string() + " -> " +
+                              m.to.to_string());
+            e.moved_bytes += m.bytes;
+            e.charged_seconds += m.seconds;
+          }
+          e.before_seconds = change.before_seconds;
+          e.after_seconds = change.after_seconds;
+          // The layers crossed the links one move after another.
+          st.virtual_barrier += e.charged_seconds;
+          if (st.rebalancer)
+            st.rebalancer->policy().adopt(change.value, st.step);
+          e.pause_seconds = seconds_since(started);
+          if (ctx.observer != nullptr) { // the line, then the new stages
+            ctx.observer->on_rebalance(e);
             ctx.observer->on_setup(ctx.the_plan, reports);
+          }
           then();
         },
         [self, json, slices](std::size_t i, auto timeout) {
@@ -336,6 +416,35 @@ void replan(self_ptr self, plan p, std::function<void()> then) {
         });
     },
     layers_atom::value);
+}
+
+/// Applies st.due_drills one after another (each throttles or restores
+/// its chip), then `then()`.
+void run_drills(self_ptr self, std::function<void()> then) {
+  auto& st = self->state;
+  if (st.due_drills.empty()) {
+    then();
+    return;
+  }
+  const drill d = st.due_drills.front();
+  st.due_drills.erase(st.due_drills.begin());
+  const auto ids = plan_chips(st.ctx->the_plan);
+  const auto at = std::find(ids.begin(), ids.end(), d.chip);
+  if (at == ids.end()) { // a chip excluded after a restart
+    run_drills(self, std::move(then));
+    return;
+  }
+  const auto& chip = st.ctx->chips[static_cast<std::size_t>(at - ids.begin())];
+  self->request(chip, step_timeout(*st.ctx->job), throttle_atom::value, d.factor)
+    .then(
+      [self, then = std::move(then), d](double) mutable {
+        self->state.throttles[d.chip] = d.factor;
+        run_drills(self, std::move(then));
+      },
+      [self, chip = d.chip](caf::error& e) {
+        const auto f = request_failure(e, *self->state.ctx->job, chip);
+        fail(self, make_error(f.code, f.message));
+      });
 }
 
 void next_step(self_ptr self) {
@@ -348,8 +457,33 @@ void next_step(self_ptr self) {
     finish(self, true);
     return;
   }
+  if (std::exchange(st.checkpoint_requested, false) && st.ctx->checkpoints) {
+    save_checkpoint(self, [self] { next_step(self); });
+    return;
+  }
+  const auto& drills = st.ctx->job->drills;
+  for (; st.next_drill < drills.size() && drills[st.next_drill].step <= st.step;
+       ++st.next_drill)
+    if (drills[st.next_drill].step == st.step) // a resumed run starts past some
+      st.due_drills.push_back(drills[st.next_drill]);
+  if (!st.due_drills.empty()) {
+    run_drills(self, [self] { next_step(self); });
+    return;
+  }
   if (auto change = st.ctx->replans.extract(st.step)) {
-    replan(self, std::move(change.mapped()), [self] { next_step(self); });
+    st.pending.reset(); // a forced re-plan replaces what the policy wanted
+    replan(self, {std::move(change.mapped()), "--replan", 0, 0},
+           [self] { next_step(self); });
+    return;
+  }
+  if (st.pending) {
+    auto change = std::move(*st.pending);
+    st.pending.reset();
+    replan(self, std::move(change), [self] { next_step(self); });
+    return;
+  }
+  if (st.paused) {
+    st.held = [self] { next_step(self); };
     return;
   }
   runtime::step_command cmd{st.step, st.virtual_barrier};
@@ -359,6 +493,111 @@ void next_step(self_ptr self) {
       on_steps(self, std::move(steps));
     },
     step_atom::value, cmd);
+}
+
+/// Carries out an admin command (docs/admin.md); its answer as JSON text.
+/// Throws runtime::admin_error (or config_error) when it cannot be done;
+/// training goes on undisturbed either way.
+std::string admin(self_ptr self, const runtime::admin_command& cmd) {
+  using runtime::admin_error;
+  using runtime::admin_verb;
+  auto& st = self->state;
+  auto& ctx = *st.ctx;
+  const job_config& job = *ctx.job;
+  auto& policy = st.rebalancer->policy(); // made whenever admins may ask
+  auto quoted = [](const std::string& s) { return "\"" + s + "\""; };
+  switch (cmd.verb) {
+    case admin_verb::status: {
+      runtime::run_status status;
+      status.step = st.step;
+      status.steps = st.steps;
+      status.generation = st.generation;
+      status.paused = st.paused;
+      status.last_step_seconds = st.last_step_seconds;
+      status.throttles = st.throttles;
+      return runtime::status_json(job, ctx.the_plan, status, &policy);
+    }
+    case admin_verb::plan:
+      return "{\"generation\":" + std::to_string(st.generation) +
+             ",\"step\":" + std::to_string(st.step) +
+             ",\"plan\":" + to_json(ctx.the_plan, -1) + "}";
+    case admin_verb::rebalance: {
+      if (cmd.best) {
+        auto p = policy.propose_now(st.step, "admin");
+        if (!p)
+          throw admin_error("no plan within the live limits is predicted "
+                            "faster than the running one");
+        st.pending = scheduler_state::pending_plan{
+          p->value, p->reason, p->before_seconds, p->after_seconds};
+        return "{\"scheduled\":true,\"predicted_step_seconds\":[" +
+               std::to_string(p->before_seconds) + "," +
+               std::to_string(p->after_seconds) + "],\"moved_bytes\":" +
+               std::to_string(p->moved_bytes) + "}";
+      }
+      plan p = plan_from_json(cmd.plan_json, "the admin's plan");
+      validate_plan(p, job, "the admin's plan");
+      if (plan_chips(p) != plan_chips(ctx.the_plan)) {
+        if (!cmd.restart)
+          throw admin_error(
+            "this plan changes the chips or their order: a live rebalance "
+            "cannot, a restart can (rebalance --plan FILE --restart)");
+        if (!ctx.checkpoints)
+          throw admin_error("a restart resumes from a checkpoint: the job "
+                            "has no [checkpoint] dir");
+        st.checkpoint_requested = true;
+        ctx.stop->store(1);
+        return "{\"restart\":true,\"message\":" +
+               quoted("the job saves a checkpoint and stops at the next step "
+                      "boundary; start it again with --resume latest "
+                      "--plan FILE") +
+               "}";
+      }
+      st.pending = scheduler_state::pending_plan{std::move(p), "admin plan",
+                                                 0, 0};
+      return "{\"scheduled\":true}";
+    }
+    case admin_verb::policy:
+      policy.set_mode(cmd.mode);
+      return "{\"policy\":" + quoted(std::string(to_string(cmd.mode))) + "}";
+    case admin_verb::pause:
+      st.paused = true;
+      return "{\"paused\":\"at the next step boundary\"}";
+    case admin_verb::resume: {
+      st.paused = false;
+      if (auto next = std::exchange(st.held, nullptr))
+        next();
+      return "{\"paused\":false}";
+    }
+    case admin_verb::checkpoint:
+      if (!ctx.checkpoints)
+        throw admin_error("the job has no [checkpoint] dir");
+      st.checkpoint_requested = true;
+      return "{\"checkpoint\":\"at the next step boundary\"}";
+    case admin_verb::throttle: {
+      const chip_spec* chip = job.find_chip(cmd.chip);
+      const auto ids = plan_chips(ctx.the_plan);
+      if (chip == nullptr ||
+          std::find(ids.begin(), ids.end(), cmd.chip) == ids.end())
+        throw admin_error("throttle: no chip " + cmd.chip.to_string() +
+                          " in the running plan");
+      if (chip->backend != device_backend::emulated)
+        throw admin_error("throttle: chip " + cmd.chip.to_string() + " (" +
+                          chip->device +
+                          ") is not emulated: only emulated chips can be "
+                          "throttled");
+      st.due_drills.push_back(drill{st.step, cmd.chip, cmd.factor});
+      return "{\"throttle\":" + quoted(cmd.chip.to_string()) +
+             ",\"factor\":" + std::to_string(cmd.factor) + "}";
+    }
+    case admin_verb::stop:
+      ctx.stop->store(1);
+      if (auto next = std::exchange(st.held, nullptr)) { // paused: end now
+        st.paused = false;
+        next();
+      }
+      return "{\"stopping\":true}";
+  }
+  throw admin_error("unknown command");
 }
 
 caf::behavior scheduler_actor(self_ptr self, std::shared_ptr<run_context> ctx) {
@@ -378,6 +617,21 @@ caf::behavior scheduler_actor(self_ptr self, std::shared_ptr<run_context> ctx) {
       st.step = st.ctx->first_step;
       st.saved_step = st.step; // a resumed run's start is saved already
       st.totals.emplace(steps);
+      if (!st.ctx->stop) // h2-admin stop
+        st.ctx->stop = std::make_shared<std::atomic<int>>(0);
+      const auto& job = *st.ctx->job;
+      if (job.rebalance.policy != rebalance_mode::off || st.ctx->admin) {
+        try {
+          st.rebalancer = std::make_unique<runtime::rebalancer>(
+            st.ctx->job, st.ctx->the_plan);
+        } catch (...) {
+          return current_exception_error();
+        }
+      }
+      if (st.ctx->admin) {
+        st.ctx->admin->open();
+        self->send(self, admin_poll_atom::value);
+      }
       gather<runtime::setup_report>(
         self,
         [self](std::vector<runtime::setup_report> reports) {
@@ -395,6 +649,20 @@ caf::behavior scheduler_actor(self_ptr self, std::shared_ptr<run_context> ctx) {
         fail(self, err);
       else
         on_written(self, step, std::move(files));
+    },
+    [self](admin_poll_atom) {
+      auto& st = self->state;
+      for (auto& c : st.ctx->admin->take()) {
+        runtime::admin_reply reply;
+        try {
+          reply.body = admin(self, runtime::parse_admin_command(c.name, c.args));
+          reply.ok = true;
+        } catch (const std::exception& e) { // admin_error, config_error
+          reply.body = e.what();
+        }
+        c.reply->set_value(std::move(reply));
+      }
+      self->delayed_send(self, admin_poll_interval, admin_poll_atom::value);
     },
     [self](saved_atom, std::int64_t step, const caf::error& err) {
       if (err)

@@ -22,6 +22,7 @@ int run_in_process(const std::string& job_path, const apps::run_flags& f) {
   auto resume = apps::resume_from(f, *job);
   actors::local_job local(job, chosen.value);
   apps::metrics_service metrics(*job, f, 0, "h2");
+  apps::admin_service admin(*job, f, "h2");
 
   apps::reporter_options ro;
   ro.total_steps = job->train.steps;
@@ -38,6 +39,7 @@ int run_in_process(const std::string& job_path, const apps::run_flags& f) {
   run.resume = std::move(resume);
   run.job_text = apps::job_text(job_path);
   run.replans = apps::replans_from(f, *job);
+  run.admin = admin.inbox();
   apps::signal_watcher signals([&local] { local.abort(); });
   runtime::run_summary summary;
   try {
@@ -61,7 +63,7 @@ int run_in_process(const std::string& job_path, const apps::run_flags& f) {
     apps::write_safetensors(f.export_path, local.parameters(), job->name);
     std::cout << "h2: parameters written to " << f.export_path << std::endl;
   }
-  if (summary.stopped_early)
+  if (summary.stopped_early && signals.signal() != 0)
     return apps::exit_signal_base + signals.signal();
   return apps::exit_ok;
 }

@@ -184,6 +184,12 @@ int run_node(node_flags& nf) {
   };
 
   apps::metrics_service metrics(*job, nf.run, nf.rank, "h2-node");
+  // The coordinator's node serves the admin endpoint.
+  std::optional<apps::admin_service> admin;
+  if (nf.rank == lead) {
+    admin.emplace(*job, nf.run, "h2-node");
+    o.run.admin = admin->inbox();
+  }
   apps::reporter_options ro;
   ro.total_steps = job->train.steps;
   ro.quiet = nf.run.quiet || nf.rank != lead;
@@ -225,7 +231,7 @@ int run_node(node_flags& nf) {
       std::cout << "h2: parameters written to " << nf.run.export_path
                 << std::endl;
     }
-    if (outcome.summary.stopped_early)
+    if (outcome.summary.stopped_early && signals.signal() != 0)
       return apps::exit_signal_base + signals.signal();
   }
   return apps::exit_ok;

@@ -251,6 +251,8 @@ attempt run_nodes(const launch_state& ls, const run_flags& f,
         a.insert(a.end(), {"--resume", f.resume});
       for (const auto& r : f.replans)
         a.insert(a.end(), {"--replan", r});
+      if (f.admin_port >= 0)
+        a.insert(a.end(), {"--admin-port", std::to_string(f.admin_port)});
     }
     if (f.quiet)
       a.push_back("--quiet");

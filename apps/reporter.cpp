@@ -50,6 +50,12 @@ reporter::reporter(const job_config& job, reporter_options options,
       .set(*options_.predicted_step_seconds);
   if (registry_ != nullptr)
     registry_
+      ->get_gauge("h2_plan_generation",
+                  "Plans the job has run: 0 at the start, one more with each "
+                  "live rebalance.")
+      .set(0);
+  if (registry_ != nullptr)
+    registry_
       ->get_counter("h2_restarts_total",
                     "Restarts of the job on its surviving chips after a node "
                     "failed ([restart]).")
@@ -71,7 +77,8 @@ void reporter::on_setup(const plan& p,
   for (const auto& r : chips)
     report_of[r.chip] = &r;
   std::FILE* out = options_.out;
-  std::fprintf(
+  if (stage_of_.empty()) // a live rebalance prints only the new stages
+    std::fprintf(
     out,
     "h2: job \"%s\": %lld-parameter GPT, %d layers, %s "
     "schedule, %s clock\n",
@@ -101,6 +108,12 @@ void reporter::on_setup(const plan& p,
           ? "?"
           : human_bytes(static_cast<double>(rep->second->memory.capacity))
               .c_str());
+      if (registry_ != nullptr)
+        registry_
+          ->get_gauge("h2_stage_layers",
+                      "Layers the chip's stage holds in the running plan.",
+                      chip_labels(st.chip, static_cast<int>(s)))
+          .set(st.end_layer - st.first_layer);
       if (registry_ != nullptr && rep != report_of.end()) {
         auto labels = chip_labels(st.chip, static_cast<int>(s));
         registry_
@@ -275,6 +288,66 @@ void reporter::on_checkpoint(int steps, double waited_seconds,
                  steps, stall_seconds, waited_seconds);
     std::fflush(options_.out);
   }
+}
+
+void reporter::on_rebalance(const runtime::rebalance_event& e) {
+  const double gain = e.before_seconds > 0
+                        ? (e.before_seconds - e.after_seconds) / e.before_seconds
+                        : 0;
+  if (registry_ != nullptr) {
+    auto& r = *registry_;
+    r.get_gauge("h2_plan_generation",
+                "Plans the job has run: 0 at the start, one more with each "
+                "live rebalance.")
+      .set(e.generation);
+    r.get_counter("h2_rebalances_total", "Live rebalances carried out.",
+                  {{"reason", e.reason}})
+      .inc();
+    r.get_counter("h2_rebalance_moved_bytes_total",
+                  "Bytes of layer state (weights and AdamW moments) moved "
+                  "between chips by live rebalances.")
+      .inc(e.moved_bytes);
+    r.get_gauge("h2_rebalance_pause_seconds",
+                "Wall time training stood still for the last live "
+                "rebalance.")
+      .set(e.pause_seconds);
+    if (e.after_seconds > 0)
+      r.get_gauge("h2_predicted_step_seconds",
+                  "HeteroAuto's predicted step time of the plan (run clock).")
+        .set(e.after_seconds);
+  }
+  std::string moves;
+  for (const auto& m : e.moves)
+    moves += (moves.empty() ? "" : ", ") + m;
+  if (json_.is_open())
+    json_ << nlohmann::json{{"event", "rebalance"},
+                            {"step", e.step},
+                            {"generation", e.generation},
+                            {"reason", e.reason},
+                            {"moves", e.moves},
+                            {"moved_bytes", e.moved_bytes},
+                            {"charged_seconds", e.charged_seconds},
+                            {"pause_seconds", e.pause_seconds},
+                            {"predicted_before_seconds", e.before_seconds},
+                            {"predicted_after_seconds", e.after_seconds},
+                            {"plan", nlohmann::json::parse(to_json(e.value, -1))}}
+               .dump()
+          << '\n'
+          << std::flush;
+  if (options_.quiet)
+    return;
+  std::fprintf(options_.out,
+               "rebalance before step %d (plan %d): %s | %s | %s moved, "
+               "paused %.3f s",
+               e.step + 1, e.generation, e.reason.c_str(),
+               moves.empty() ? "no layers moved" : moves.c_str(),
+               human_bytes(e.moved_bytes).c_str(), e.pause_seconds);
+  if (e.before_seconds > 0)
+    std::fprintf(options_.out,
+                 " | predicted step %.4f s -> %.4f s (%+.1f%%)",
+                 e.before_seconds, e.after_seconds, -100.0 * gain);
+  std::fprintf(options_.out, "\n");
+  std::fflush(options_.out);
 }
 
 void reporter::on_eval(int step, double val_loss) {

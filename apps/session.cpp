@@ -1,6 +1,7 @@
 #include "h2/apps/session.hpp"
 
 #include "h2/apps/app.hpp"
+#include "h2/runtime/admin.hpp"
 #include "h2/runtime/auto_plan.hpp"
 #include "h2/runtime/checkpointing.hpp"
 #include "h2/runtime/safetensors.hpp"
@@ -37,6 +38,11 @@ void add_run_flags(CLI::App& cli, run_flags& f) {
                 "metrics.port of the job)")
     ->check(CLI::Range(0, 65535));
   cli.add_flag("--no-metrics", f.no_metrics, "Serve no metrics");
+  cli
+    .add_option("--admin-port", f.admin_port,
+                "Serve the admin endpoint on this port (0: any free port; "
+                "default: admin.port of the job; needs admin.token_file)")
+    ->check(CLI::Range(0, 65535));
   cli.add_flag("-q,--quiet", f.quiet, "No per-step progress lines");
   cli
     .add_option("--stop-after", f.stop_after,
@@ -235,6 +241,29 @@ metrics_service::metrics_service(const job_config& job, const run_flags& flags,
   }
   std::cout << program << ": metrics at http://" << job.metrics.bind << ":"
             << server_->port() << "/metrics" << std::endl;
+}
+
+admin_service::admin_service(const job_config& job, const run_flags& flags,
+                             const std::string& program) {
+  const int port = flags.admin_port >= 0 ? flags.admin_port : job.admin.port;
+  if (flags.admin_port < 0 && port == 0)
+    return;
+  if (job.admin.token_file.empty())
+    throw config_error("admin.token_file",
+                       "missing: the admin endpoint needs a token file "
+                       "(docs/admin.md)");
+  auto token = runtime::load_admin_token(job.admin.token_file);
+  admin_config where = job.admin;
+  where.port = port;
+  inbox_ = std::make_shared<runtime::admin_inbox>();
+  try {
+    server_ = std::make_unique<admin_server>(where, std::move(token), inbox_);
+  } catch (const h2::error& e) {
+    throw config_error("admin.port", std::string(e.what()) +
+                                       " (choose another with --admin-port)");
+  }
+  std::cout << program << ": admin endpoint at " << job.admin.bind << ":"
+            << server_->port() << std::endl;
 }
 
 void write_safetensors(const std::string& path,

@@ -268,6 +268,12 @@ void read_emulation(table_reader& root, job_config& job) {
   }
   if (t->has("link_latency_seconds"))
     e.link_latency_seconds = number_in(*t, "link_latency_seconds", 0, 0, 10);
+  e.noise = number_in(*t, "noise", 0, 0, 0.9);
+  auto seed = t->optional<std::int64_t>("noise_seed", 0);
+  if (seed < 0)
+    throw config_error(t->path("noise_seed"),
+                       "expected a non-negative integer");
+  e.noise_seed = static_cast<std::uint64_t>(seed);
   t->finish();
 }
 
@@ -587,6 +593,85 @@ void read_security(table_reader& root, job_config& job) {
   t->finish();
 }
 
+void read_rebalance(table_reader& root, job_config& job) {
+  auto t = root.maybe_table("rebalance");
+  if (!t)
+    return;
+  auto& r = job.rebalance;
+  r.policy = enum_value(*t, "policy", r.policy, "\"off\", \"auto\"",
+                        [](const std::string& s) {
+                          return parse_rebalance_mode(s);
+                        });
+  r.threshold = number_in(*t, "threshold", r.threshold, 0, 10);
+  r.window = positive_int(*t, "window", r.window);
+  r.min_interval = positive_int(*t, "min_interval", r.min_interval, 0);
+  t->finish();
+}
+
+void read_drills(table_reader& root, job_config& job) {
+  const toml::array* drills = root.maybe_array("drills");
+  if (drills == nullptr)
+    return;
+  int i = 0;
+  for (const toml::node& n : *drills) {
+    std::string path = "drills[" + std::to_string(i++) + "]";
+    if (!n.is_table())
+      throw config_error(path, "expected a table ([[drills]])");
+    table_reader t(*n.as_table(), path);
+    drill d;
+    d.step = positive_int(t, "step", std::nullopt, 0);
+    const bool throttle = t.has("throttle"), restore = t.has("restore");
+    if (throttle == restore)
+      throw config_error(path, "expected one of throttle = \"<chip>\" "
+                               "(with factor) or restore = \"<chip>\"");
+    const std::string key = throttle ? "throttle" : "restore";
+    const auto text = t.required<std::string>(key);
+    auto id = chip_id::parse(text);
+    if (!id)
+      throw config_error(t.path(key), "expected a chip id \"<node>:<index>\", "
+                                      "got \"" + text + "\"");
+    const chip_spec* chip = job.find_chip(*id);
+    if (chip == nullptr)
+      throw config_error(t.path(key), "no chip " + text + " in [[nodes]]");
+    if (chip->backend != device_backend::emulated)
+      throw config_error(t.path(key), "chip " + text + " (" + chip->device +
+                                        ") is not emulated: only emulated "
+                                        "chips can be throttled");
+    d.chip = *id;
+    if (throttle) {
+      if (!t.has("factor"))
+        throw config_error(t.path("factor"),
+                           "missing: how many times slower, e.g. factor = 2");
+      d.factor = number_in(t, "factor", 1, 0, 1000, true);
+    } else if (t.has("factor")) {
+      throw config_error(t.path("factor"),
+                         "a restore brings the chip back to factor 1");
+    }
+    t.finish();
+    job.drills.push_back(d);
+  }
+  std::stable_sort(job.drills.begin(), job.drills.end(),
+                   [](const drill& a, const drill& b) { return a.step < b.step; });
+}
+
+void read_admin(table_reader& root, job_config& job) {
+  auto t = root.maybe_table("admin");
+  if (!t)
+    return;
+  auto& a = job.admin;
+  a.bind = t->optional<std::string>("bind", a.bind);
+  a.port = positive_int(*t, "port", 0, 0);
+  if (a.port > 65535)
+    throw config_error(t->path("port"), "expected a TCP port (0-65535), got " +
+                                          std::to_string(a.port));
+  a.token_file = t->optional<std::string>("token_file", "");
+  if (a.port != 0 && a.token_file.empty())
+    throw config_error(t->path("token_file"),
+                       "missing: the admin endpoint needs a token file "
+                       "(docs/admin.md)");
+  t->finish();
+}
+
 /// One [topology.<tier>] table: bandwidth_gb_per_s and latency_seconds,
 /// both optional (absent: the chips' own figures).
 void read_tier(table_reader& topology, std::string_view key,
@@ -654,6 +739,9 @@ job_config parse_job(std::string_view toml_text, const std::string& origin) {
   read_checkpoint(top, job);
   read_restart(top, job);
   read_security(top, job);
+  read_rebalance(top, job);
+  read_drills(top, job);
+  read_admin(top, job);
   read_topology(top, job);
   top.finish();
   return job;
@@ -666,6 +754,40 @@ job_config load_job_file(const std::string& path) {
   std::ostringstream text;
   text << in.rdbuf();
   return parse_job(text.str(), path);
+}
+
+std::string_view to_string(rebalance_mode m) noexcept {
+  switch (m) {
+    case rebalance_mode::off:
+      return "off";
+    case rebalance_mode::automatic:
+      return "auto";
+  }
+  return "?";
+}
+
+std::optional<rebalance_mode> parse_rebalance_mode(std::string_view text) {
+  if (text == "off")
+    return rebalance_mode::off;
+  if (text == "auto")
+    return rebalance_mode::automatic;
+  return std::nullopt;
+}
+
+void check_rebalance_config(const rebalance_config& c) {
+  if (!(c.threshold >= 0) || !std::isfinite(c.threshold))
+    throw config_error("rebalance.threshold", "must be a fraction >= 0, got " +
+                                                std::to_string(c.threshold));
+  if (c.window < 1)
+    throw config_error("rebalance.window",
+                       "must be >= 1 step, got " + std::to_string(c.window));
+  if (c.min_interval < 0)
+    throw config_error("rebalance.min_interval",
+                       "must be >= 0 steps, got " +
+                         std::to_string(c.min_interval));
+  if (!(c.smoothing > 0 && c.smoothing <= 1))
+    throw config_error("rebalance.smoothing",
+                       "must be in (0, 1], got " + std::to_string(c.smoothing));
 }
 
 std::string_view demo_job_toml() noexcept {

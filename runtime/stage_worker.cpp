@@ -10,6 +10,8 @@
 #include <ATen/core/grad_mode.h>
 #include <c10/util/Exception.h>
 
+#include <cmath>
+
 namespace h2::runtime {
 
 using scheduler::op_kind;
@@ -33,6 +35,9 @@ struct stage_worker::op_context {
   std::vector<model::micro_batch> batch;
   double idle_seconds = 0;
   std::vector<op_record> ops;
+  std::map<chip_id, link_charge> links; ///< pipeline receives, per sender
+  /// Charged (virtual) seconds of the step's forward and backward ops.
+  double forward_charged = 0, backward_charged = 0;
 };
 
 stage_worker::stage_worker(worker_setup setup) : setup_(std::move(setup)) {
@@ -53,6 +58,21 @@ stage_worker::stage_worker(worker_setup setup) : setup_(std::move(setup)) {
   for (int l = a.first_layer; l < a.end_layer; ++l)
     work_.push_back(compute_layer_work(job.model, l, setup_.micro_batch_size,
                                        device_->compute_dtype()));
+  double forward_total = 0, backward_total = 0;
+  for (const auto& w : work_) {
+    auto f = device_->layer_seconds(w, devices::pass::forward);
+    auto b = device_->layer_seconds(w, devices::pass::backward);
+    forward_share_.push_back(f ? *f : w.forward_flops);
+    backward_share_.push_back(b ? *b : w.backward_flops);
+    if (a.recompute)
+      backward_share_.back() += forward_share_.back();
+    forward_total += forward_share_.back();
+    backward_total += backward_share_.back();
+  }
+  for (auto& x : forward_share_)
+    x = forward_total > 0 ? x / forward_total : 1.0 / work_.size();
+  for (auto& x : backward_share_)
+    x = backward_total > 0 ? x / backward_total : 1.0 / work_.size();
   timeout_ = std::chrono::duration<double>(job.transport.timeout_seconds);
   loss_scale_ = 1.0 / static_cast<double>(job.tokens_per_step());
 }
@@ -183,6 +203,59 @@ double stage_worker::layer_seconds(devices::pass p) const {
   return total;
 }
 
+void stage_worker::set_throttle(double factor) {
+  H2_ENFORCE(factor > 0 && std::isfinite(factor), "throttle factor ", factor);
+  if (!device_->layer_seconds(work_.front(), devices::pass::forward))
+    throw h2::error("chip " + device_->describe() +
+                    " is a real device: only emulated chips can be "
+                    "throttled");
+  throttle_ = factor;
+}
+
+namespace {
+
+/// A uniform draw in [-1, 1] from a hash of the op's identity (splitmix64
+/// finaliser), so noise does not depend on thread timing.
+double noise_draw(std::uint64_t seed, const chip_id& chip, std::int64_t step,
+                  recorded_op kind, int micro_batch) {
+  std::uint64_t x = seed;
+  for (std::uint64_t v :
+       {static_cast<std::uint64_t>(chip.node), static_cast<std::uint64_t>(chip.index),
+        static_cast<std::uint64_t>(step), static_cast<std::uint64_t>(kind),
+        static_cast<std::uint64_t>(micro_batch)}) {
+    x += 0x9e3779b97f4a7c15ULL + v;
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+    x ^= x >> 31;
+  }
+  return static_cast<double>(x >> 11) * 0x1.0p-52 - 1.0;
+}
+
+} // namespace
+
+std::optional<double> stage_worker::charged(double seconds, std::int64_t step,
+                                            recorded_op kind,
+                                            int micro_batch) const {
+  if (seconds < 0)
+    return std::nullopt;
+  const auto& em = setup_.job->emulation;
+  double factor = throttle_;
+  if (em.noise > 0)
+    factor *= 1 + em.noise * noise_draw(em.noise_seed, device_->id(), step,
+                                        kind, micro_batch);
+  return seconds * factor;
+}
+
+std::vector<layer_charge>
+stage_worker::layer_charges(double forward_seconds,
+                            double backward_seconds) const {
+  std::vector<layer_charge> out;
+  for (std::size_t l = 0; l < work_.size(); ++l)
+    out.push_back({forward_share_[l] * forward_seconds,
+                   backward_share_[l] * backward_seconds});
+  return out;
+}
+
 at::Tensor stage_worker::receive(const chip_id& peer, std::uint64_t tag,
                                  op_context& ctx, int micro_batch) {
   const peer_link& p = setup_.peers.at(peer);
@@ -201,6 +274,12 @@ at::Tensor stage_worker::receive(const chip_id& peer, std::uint64_t tag,
                                                   : recorded_op::recv_forward,
                        micro_batch, wait_start, clock.now(),
                        clock.virtual_now() - v0});
+    if (kind == tag_kind::activation || kind == tag_kind::gradient) {
+      auto& l = ctx.links[peer];
+      l.from = peer;
+      l.seconds += link;
+      ++l.transfers;
+    }
   }
   return device_->take(m.tensor);
 }
@@ -231,10 +310,6 @@ std::vector<channel_traffic> traffic_of(const worker_setup& s) {
     out.push_back({peer, st.bytes_sent, st.bytes_received});
   }
   return out;
-}
-
-std::optional<double> emulated(double seconds) {
-  return seconds < 0 ? std::nullopt : std::optional<double>(seconds);
 }
 
 } // namespace
@@ -290,8 +365,9 @@ chip_step_report stage_worker::run_step(const step_command& cmd) {
             out = stage_->forward(ctx.input[i], ctx.batch[i]);
           }
           device_->synchronize();
-          r.forward_seconds +=
-            device_->complete_op(w0, emulated(forward_emulated));
+          r.forward_seconds += device_->complete_op(
+            w0, charged(forward_emulated, cmd.step, recorded_op::forward, mb));
+          ctx.forward_charged += clock.virtual_now() - v0;
           ctx.ops.push_back({recorded_op::forward, mb,
                              t0, clock.now(), clock.virtual_now() - v0});
           if (stage_->has_head())
@@ -332,7 +408,9 @@ chip_step_report stage_worker::run_step(const step_command& cmd) {
           double seconds = backward_emulated;
           if (recompute && seconds >= 0)
             seconds += forward_emulated;
-          r.backward_seconds += device_->complete_op(w0, emulated(seconds));
+          r.backward_seconds += device_->complete_op(
+            w0, charged(seconds, cmd.step, recorded_op::backward, mb));
+          ctx.backward_charged += clock.virtual_now() - v0;
           ctx.ops.push_back({recorded_op::backward, mb,
                              t0, clock.now(), clock.virtual_now() - v0});
           break;
@@ -358,6 +436,10 @@ chip_step_report stage_worker::run_step(const step_command& cmd) {
     r.overruns = clock.overruns();
     r.overrun_seconds = clock.overrun_seconds();
     r.ops = std::move(ctx.ops);
+    const double m = setup_.micro_batches;
+    r.layers = layer_charges(ctx.forward_charged / m, ctx.backward_charged / m);
+    for (auto& [peer, l] : ctx.links)
+      r.links.push_back(l);
     return r;
   });
 }
@@ -368,19 +450,18 @@ chip_update_report stage_worker::apply_update(const update_command& cmd) {
     auto& clock = device_->clock();
     clock.advance_virtual_to(cmd.virtual_barrier);
     double w0 = clock.wall_now(), t0 = clock.now(), v0 = clock.virtual_now();
-    std::optional<double> emulated_seconds = 0.0;
+    double emulated_seconds = 0;
     for (const auto& l : stage_->layers()) {
       model::adamw_update(*l, setup_.job->train, cmd.lr, cmd.step + 1,
                           cmd.clip_coefficient);
       auto s = device_->optimizer_seconds(l->parameter_count());
-      emulated_seconds = s && emulated_seconds
-                           ? std::optional<double>(*emulated_seconds + *s)
-                           : std::nullopt;
+      emulated_seconds = s && emulated_seconds >= 0 ? emulated_seconds + *s : -1;
     }
     device_->synchronize();
     chip_update_report r;
     r.chip = device_->id();
-    r.optimizer_seconds = device_->complete_op(w0, emulated_seconds);
+    r.optimizer_seconds = device_->complete_op(
+      w0, charged(emulated_seconds, cmd.step, recorded_op::optimizer, 0));
     r.end = clocks();
     r.memory = memory_now();
     r.op = {recorded_op::optimizer, 0, t0, clock.now(),
@@ -429,7 +510,8 @@ chip_eval_report stage_worker::run_eval(const eval_command& cmd) {
           }
           ctx.input[i] = at::Tensor();
           device_->synchronize();
-          device_->complete_op(w0, emulated(forward_emulated));
+          device_->complete_op(
+            w0, charged(forward_emulated, cmd.step, recorded_op::forward, mb));
           if (stage_->has_head()) {
             r.loss += ctx.output[i].item<double>();
             ctx.output[i] = at::Tensor();

@@ -143,41 +143,7 @@ within_result search_within(const job_config& job, chip_measurements& m,
 } // namespace
 
 // ---------------------------------------------------------------------------
-// Settings
-
-std::string_view to_string(rebalance_mode m) noexcept {
-  switch (m) {
-    case rebalance_mode::off:
-      return "off";
-    case rebalance_mode::automatic:
-      return "auto";
-  }
-  return "?";
-}
-
-std::optional<rebalance_mode> parse_rebalance_mode(std::string_view text) {
-  if (text == "off")
-    return rebalance_mode::off;
-  if (text == "auto")
-    return rebalance_mode::automatic;
-  return std::nullopt;
-}
-
-void check_rebalance_config(const rebalance_config& c) {
-  if (!(c.threshold >= 0) || !std::isfinite(c.threshold))
-    throw config_error("rebalance.threshold", "must be a fraction >= 0, got " +
-                                                std::to_string(c.threshold));
-  if (c.window < 1)
-    throw config_error("rebalance.window",
-                       "must be >= 1 step, got " + std::to_string(c.window));
-  if (c.min_interval < 0)
-    throw config_error("rebalance.min_interval",
-                       "must be >= 0 steps, got " +
-                         std::to_string(c.min_interval));
-  if (!(c.smoothing > 0 && c.smoothing <= 1))
-    throw config_error("rebalance.smoothing",
-                       "must be in (0, 1], got " + std::to_string(c.smoothing));
-}
+// Smoothing
 
 double ewma::add(double sample) noexcept {
   value_ = samples_ == 0 ? sample : value_ + weight_ * (sample - value_);

@@ -4,12 +4,15 @@
 // overrides.
 #pragma once
 
+#include "h2/core/job.hpp"
 #include "h2/core/model_config.hpp"
+#include "h2/core/plan.hpp"
 
 #include <fstream>
 #include <sstream>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 namespace h2::test {
 
@@ -80,6 +83,27 @@ micro_batch = 2
 inline std::string small_job_toml(int seed) {
   return "[job]\nseed = " + std::to_string(seed) + "\n" + small_model_toml +
          small_train_toml + "[emulation]\nclock = \"virtual\"\n";
+}
+
+/// One replica over chips 0:0, 0:1, ... of node 0 holding `layers[i]`
+/// layers each, `micro_batches` micro-batches of `micro_batch_size`
+/// sequences, no recomputation; checked against `job`.
+inline plan one_replica_plan(const job_config& job,
+                             const std::vector<int>& layers,
+                             int micro_batch_size, int micro_batches) {
+  plan p;
+  replica_plan r;
+  int first = 0;
+  for (std::size_t i = 0; i < layers.size(); ++i) {
+    r.stages.push_back(stage_plan{chip_id{0, static_cast<int>(i)}, first,
+                                  first + layers[i], false});
+    first += layers[i];
+  }
+  r.micro_batch_size = micro_batch_size;
+  r.micro_batches = micro_batches;
+  p.replicas = {r};
+  validate_plan(p, job, "test plan");
+  return p;
 }
 
 /// The demo's four chips (examples/demo.toml) split over two nodes.

@@ -18,11 +18,11 @@ namespace h2::transport {
 job_secret::job_secret(std::string bytes) : bytes_(std::move(bytes)) {
 }
 
-job_secret job_secret::from_file(const std::string& path) {
+std::string read_token_file(const std::string& path, const std::string& key,
+                            const std::string& what) {
   std::ifstream in(path, std::ios::binary);
   if (!in)
-    throw config_error("security.secret_file",
-                       "cannot read the job's secret \"" + path + "\"");
+    throw config_error(key, "cannot read " + what + " \"" + path + "\"");
   std::ostringstream text;
   text << in.rdbuf();
   std::string s = text.str();
@@ -30,9 +30,13 @@ job_secret job_secret::from_file(const std::string& path) {
                         s.back() == ' ' || s.back() == '\t'))
     s.pop_back();
   if (s.empty())
-    throw config_error("security.secret_file",
-                       "the job's secret \"" + path + "\" is empty");
-  return job_secret(std::move(s));
+    throw config_error(key, what + " \"" + path + "\" is empty");
+  return s;
+}
+
+job_secret job_secret::from_file(const std::string& path) {
+  return job_secret(
+    read_token_file(path, "security.secret_file", "the job's secret"));
 }
 
 std::array<std::uint8_t, 32>
@@ -217,6 +221,15 @@ bool same_hex(std::string_view received, const std::string& expected) {
          CRYPTO_memcmp(received.data(), expected.data(), expected.size()) == 0;
 }
 
+} // namespace
+
+bool join_proof_valid(const job_secret& secret, std::string_view nonce,
+                      int rank, std::string_view proof) {
+  return same_hex(proof, join_proof(secret, nonce, rank));
+}
+
+namespace {
+
 std::string control_mac(const job_secret& secret, std::string_view type,
                         int sender, std::uint64_t seq,
                         std::string_view payload) {
@@ -234,9 +247,10 @@ std::string control_mac(const job_secret& secret, std::string_view type,
 
 } // namespace
 
-bool join_proof_valid(const job_secret& secret, std::string_view nonce,
-                      int rank, std::string_view proof) {
-  return same_hex(proof, join_proof(secret, nonce, rank));
+control_seal seal_control(const job_secret& secret, std::string_view type,
+                          int sender, std::uint64_t seq,
+                          std::string_view payload) {
+  return {sender, seq, control_mac(secret, type, sender, seq, payload)};
 }
 
 control_signer::control_signer(std::shared_ptr<const job_secret> secret,
@@ -246,8 +260,7 @@ control_signer::control_signer(std::shared_ptr<const job_secret> secret,
 
 control_seal control_signer::seal(std::string_view type,
                                   std::string_view payload) {
-  const std::uint64_t seq = next_.fetch_add(1);
-  return {sender_, seq, control_mac(*secret_, type, sender_, seq, payload)};
+  return seal_control(*secret_, type, sender_, next_.fetch_add(1), payload);
 }
 
 control_verifier::control_verifier(std::shared_ptr<const job_secret> secret)

@@ -146,3 +146,78 @@ TEST_F(actors_control, a_join_must_answer_a_nonce_handed_to_its_rank) {
 
 } // namespace
 } // namespace h2::test
+
+namespace h2::test {
+namespace {
+
+// The node side: a plan assignment must carry the coordinator's seal over
+// every field, or the node refuses it (it would otherwise build chips and
+// dial peers for whoever reached its actor).
+TEST(actors_control_node, an_assignment_without_the_coordinators_seal_is_refused) {
+  caf::actor_system_config cfg;
+  actors::configure_actor_system(cfg);
+  actors::register_cluster_types(cfg);
+  caf::actor_system system{cfg};
+  caf::scoped_actor self{system};
+  auto secret =
+    std::make_shared<const transport::job_secret>("the job's secret");
+  std::vector<std::string> log;
+  std::mutex mutex;
+  actors::node_context ctx;
+  ctx.job = std::make_shared<const job_config>(
+    parse_job(small_job_toml(3) + demo_on_two_nodes, "control.toml"));
+  ctx.rank = 1;
+  ctx.coordinator_rank = 0;
+  ctx.secret = secret;
+  ctx.log = [&](const std::string& line) {
+    std::lock_guard<std::mutex> guard(mutex);
+    log.push_back(line);
+  };
+  ctx.shared = std::make_shared<actors::node_shared>();
+  ctx.shared->cancel = std::make_shared<cancellation>();
+  ctx.coordinator = caf::actor{self};
+  ctx.waiter = caf::actor{self};
+  auto node = actors::spawn_node_actor(system, ctx);
+
+  auto refused = [&](const actors::node_assignment& a) {
+    std::optional<actors::failure> out;
+    self->request(node, 10s, actors::assign_atom::value, a)
+      .receive([](actors::node_ready&) {},
+               [&](const caf::error& e) { out = actors::to_failure(e); });
+    return out;
+  };
+  actors::node_assignment a;
+  a.plan_json = "{\"replicas\": []}";
+  a.origin_system_ns = 1;
+  auto r = refused(a); // no seal at all
+  ASSERT_TRUE(r.has_value());
+  EXPECT_EQ(r->code, actors::errc::unauthorized);
+  EXPECT_NE(r->message.find("without the coordinator's valid seal"),
+            std::string::npos)
+    << r->message;
+  transport::control_signer stranger(
+    std::make_shared<const transport::job_secret>("a guess"), 0);
+  a.seal = stranger.seal(actors::assign_order, actors::assignment_payload(a));
+  r = refused(a); // another secret
+  ASSERT_TRUE(r.has_value());
+  EXPECT_EQ(r->code, actors::errc::unauthorized);
+  transport::control_signer coordinator(secret, 0);
+  a.seal =
+    coordinator.seal(actors::assign_order, actors::assignment_payload(a));
+  a.checkpoint_marker = "changed after sealing";
+  r = refused(a);
+  ASSERT_TRUE(r.has_value());
+  EXPECT_EQ(r->code, actors::errc::unauthorized);
+  {
+    std::lock_guard<std::mutex> guard(mutex);
+    ASSERT_FALSE(log.empty());
+    EXPECT_NE(log[0].find("a plan assignment without the coordinator's "
+                          "valid seal"),
+              std::string::npos)
+      << log[0];
+  }
+  self->send_exit(node, caf::exit_reason::user_shutdown);
+}
+
+} // namespace
+} // namespace h2::test

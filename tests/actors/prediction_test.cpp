@@ -81,6 +81,9 @@ job_config example(const std::string& name) {
   // [topology] tiers are the planner's; the emulated runtime times links
   // from the chips' own figures, so these comparisons leave them out.
   job.topology = topology_config{};
+  // They time plans: no live rebalancing, no drills.
+  job.rebalance = rebalance_config{};
+  job.drills.clear();
   return job;
 }
 

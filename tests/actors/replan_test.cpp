@@ -34,19 +34,7 @@ chips = [{device = "emulated:h100-sxm", dtype = "fp32"},
 /// One replica over chips 0:0, 0:1, 0:2 holding `layers[i]` layers each,
 /// 4 micro-batches of 2 sequences.
 plan cut(const job_config& job, const std::vector<int>& layers) {
-  plan p;
-  replica_plan r;
-  int first = 0;
-  for (std::size_t i = 0; i < layers.size(); ++i) {
-    r.stages.push_back(stage_plan{chip_id{0, static_cast<int>(i)}, first,
-                                  first + layers[i], false});
-    first += layers[i];
-  }
-  r.micro_batch_size = 2;
-  r.micro_batches = 4;
-  p.replicas = {r};
-  validate_plan(p, job, "test plan");
-  return p;
+  return one_replica_plan(job, layers, 2, 4);
 }
 
 struct outcome {

@@ -126,6 +126,33 @@ TEST(actors_replicas, heterogeneous_replicas_equal_one_chip) {
   expect_replicas_identical(r, p);
 }
 
+// A live rebalance may shift sequences between replicas (docs/rebalance.md):
+// micro-batch counts change at a step boundary, the loss stays scaled by
+// the global batch's tokens, so gradients stay token-weighted. Only the
+// order of the fp32 sums changes: the run stays within the bound above.
+TEST(actors_replicas, micro_batches_shifted_between_replicas_stay_in_bound) {
+  auto job = parse_job(replica_job, "replicas.toml");
+  job.train.steps = 4;
+  plan p;
+  p.replicas = {{{stage(0, 0, 6)}, 2, 2}, {{stage(1, 0, 6)}, 2, 2}};
+  validate_plan(p, job, "test");
+  plan shifted = p;
+  shifted.replicas[0].micro_batches = 3; // 6 of the 8 sequences
+  shifted.replicas[1].micro_batches = 1;
+  plan back = p;
+  back.replicas[0].micro_batch_size = 1; // 4 micro-batches of 1
+  back.replicas[0].micro_batches = 4;
+  auto shared = std::make_shared<job_config>(job);
+  actors::local_job local(shared, p);
+  runtime::step_recorder obs;
+  actors::run_options o(job.train.steps, true);
+  o.replans = {{1, shifted}, {3, back}};
+  local.run(o, obs);
+  ASSERT_EQ(obs.rebalances.size(), 2u);
+  EXPECT_EQ(obs.rebalances[0].moved_bytes, 0) << "no layer moved";
+  expect_close_to_reference(job, {obs.losses(), local.parameters(), {}});
+}
+
 TEST(actors_replicas, plan_links_and_groups) {
   plan p;
   p.replicas = {{{stage(0, 0, 4), stage(1, 4, 6)}, 1, 1},

@@ -316,6 +316,52 @@ TEST(core_job, emulation_section) {
   EXPECT_EQ(*job.emulation.link_latency_seconds, 0.001);
 }
 
+TEST(core_job, rebalance_drills_noise_and_admin) {
+  const job_config plain = parse_job(base_job, "t");
+  EXPECT_EQ(plain.rebalance.policy, rebalance_mode::off);
+  EXPECT_EQ(plain.rebalance.window, 3);
+  EXPECT_EQ(plain.rebalance.min_interval, 10);
+  EXPECT_TRUE(plain.drills.empty());
+  EXPECT_EQ(plain.emulation.noise, 0);
+  EXPECT_EQ(plain.admin.port, 0);
+  EXPECT_EQ(plain.admin.bind, "127.0.0.1");
+  auto job = parse_job(base_job + R"(
+[emulation]
+noise = 0.1
+noise_seed = 5
+[rebalance]
+policy = "auto"
+threshold = 0.1
+window = 4
+min_interval = 0
+[[drills]]
+step = 150
+restore = "0:1"
+[[drills]]
+step = 100
+throttle = "0:1"
+factor = 2.5
+[admin]
+port = 9500
+token_file = "admin.token"
+)",
+                       "t");
+  EXPECT_EQ(job.emulation.noise, 0.1);
+  EXPECT_EQ(job.emulation.noise_seed, 5u);
+  EXPECT_EQ(job.rebalance.policy, rebalance_mode::automatic);
+  EXPECT_EQ(job.rebalance.threshold, 0.1);
+  EXPECT_EQ(job.rebalance.window, 4);
+  EXPECT_EQ(job.rebalance.min_interval, 0);
+  ASSERT_EQ(job.drills.size(), 2u); // in step order
+  EXPECT_EQ(job.drills[0].step, 100);
+  EXPECT_EQ(job.drills[0].chip, (chip_id{0, 1}));
+  EXPECT_EQ(job.drills[0].factor, 2.5);
+  EXPECT_EQ(job.drills[1].step, 150);
+  EXPECT_EQ(job.drills[1].factor, 1);
+  EXPECT_EQ(job.admin.port, 9500);
+  EXPECT_EQ(job.admin.token_file, "admin.token");
+}
+
 TEST(core_job, custom_profile_is_used_by_a_chip) {
   auto job = parse_job(
     edit(base_job, {{"\"emulated:a100-sxm-40gb\"", "\"emulated:acme-x1\""}}) +
@@ -713,6 +759,67 @@ const bad_job bad_jobs[] = {
    "\n[profiles]\nacme = 1\n",
    "profiles.acme",
    {"expected a table"}},
+  {"rebalance_policy_unknown",
+   {},
+   "\n[rebalance]\npolicy = \"on\"\n",
+   "rebalance.policy",
+   {"\"off\", \"auto\"", "\"on\""}},
+  {"rebalance_window_zero",
+   {},
+   "\n[rebalance]\nwindow = 0\n",
+   "rebalance.window",
+   {"got 0"}},
+  {"rebalance_threshold_negative",
+   {},
+   "\n[rebalance]\nthreshold = -0.1\n",
+   "rebalance.threshold",
+   {"-0.1"}},
+  {"drill_without_chip",
+   {},
+   "\n[[drills]]\nstep = 5\nfactor = 2\n",
+   "drills[0]",
+   {"throttle", "restore"}},
+  {"drill_on_an_unknown_chip",
+   {},
+   "\n[[drills]]\nstep = 5\nthrottle = \"3:0\"\nfactor = 2\n",
+   "drills[0].throttle",
+   {"no chip 3:0"}},
+  {"drill_without_factor",
+   {},
+   "\n[[drills]]\nstep = 5\nthrottle = \"0:1\"\n",
+   "drills[0].factor",
+   {"missing"}},
+  {"drill_factor_zero",
+   {},
+   "\n[[drills]]\nstep = 5\nthrottle = \"0:1\"\nfactor = 0\n",
+   "drills[0].factor",
+   {"got 0"}},
+  {"drill_negative_step",
+   {},
+   "\n[[drills]]\nstep = -1\nrestore = \"0:1\"\n",
+   "drills[0].step",
+   {"got -1"}},
+  {"drill_on_a_real_chip",
+   {{"chips = [\"emulated:h100-sxm\", \"emulated:a100-sxm-40gb\"]",
+     "chips = [\"emulated:h100-sxm\", \"cpu\"]"}},
+   "\n[[drills]]\nstep = 1\nthrottle = \"0:1\"\nfactor = 2\n",
+   "drills[0].throttle",
+   {"not emulated"}},
+  {"noise_too_large",
+   {},
+   "\n[emulation]\nnoise = 1.5\n",
+   "emulation.noise",
+   {"1.5"}},
+  {"admin_port_without_token",
+   {},
+   "\n[admin]\nport = 9500\n",
+   "admin.token_file",
+   {"missing"}},
+  {"admin_port_out_of_range",
+   {},
+   "\n[admin]\nport = 70000\ntoken_file = \"t\"\n",
+   "admin.port",
+   {"70000"}},
 };
 
 INSTANTIATE_TEST_SUITE_P(core, core_job_rejects, ::testing::ValuesIn(bad_jobs),

@@ -16,6 +16,8 @@ using written_atom = caf::atom_constant<caf::atom("written")>;
 using saved_atom = caf::atom_constant<caf::atom("saved")>;
 using layers_atom = caf::atom_constant<caf::atom("layers")>;
 using replan_atom = caf::atom_constant<caf::atom("replan")>;
+using throttle_atom = caf::atom_constant<caf::atom("throttle")>;
+using admin_poll_atom = caf::atom_constant<caf::atom("admin_poll")>;
 
 // The cluster: joining, assignments, liveness, the end of a job.
 using hello_atom = caf::atom_constant<caf::atom("hello")>;

@@ -3,6 +3,8 @@
 // actor driving them. What `h2-launch` runs.
 #pragma once
 
+#include "h2/runtime/admin.hpp"
+
 #include "h2/core/cancellation.hpp"
 #include "h2/core/job.hpp"
 #include "h2/core/plan.hpp"
@@ -47,6 +49,9 @@ struct run_options {
   /// their layers and optimizer state to the new owners. run() throws
   /// config_error naming the step otherwise.
   std::map<int, plan> replans;
+  /// The admin endpoint's way in (docs/admin.md): the run attaches its
+  /// scheduler takes commands from it while it trains. Null: no admin.
+  std::shared_ptr<runtime::admin_inbox> admin;
 };
 
 class local_job {

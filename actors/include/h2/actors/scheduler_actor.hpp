@@ -7,6 +7,7 @@
 #include "h2/actors/errors.hpp"
 #include "h2/core/job.hpp"
 #include "h2/core/plan.hpp"
+#include "h2/runtime/admin.hpp"
 #include "h2/runtime/checkpointing.hpp"
 #include "h2/runtime/observer.hpp"
 
@@ -44,6 +45,9 @@ struct run_context {
   /// What every checkpoint's manifest says of the job (runtime::
   /// job_manifest, made once per run); the saver sets its step.
   runtime::checkpoint_manifest manifest;
+  /// Admin commands (docs/admin.md): the scheduler opens it when training
+  /// starts and answers what arrives between its messages. Null: none.
+  std::shared_ptr<runtime::admin_inbox> admin;
 };
 
 /// How long one per-step request to a chip (set-up, step, update,

@@ -45,6 +45,7 @@ public:
   void on_eval(int step, double val_loss) override;
   void on_checkpoint(int steps, double waited_seconds,
                      double stall_seconds) override;
+  void on_rebalance(const runtime::rebalance_event& e) override;
 
   /// Prints the summary and writes the trace (if asked for).
   void finish(const runtime::run_summary& summary);

@@ -2,6 +2,8 @@
 // loading the job and the plan, the metrics endpoint, exporting the model.
 #pragma once
 
+#include "h2/runtime/admin.hpp"
+#include "h2/apps/admin_server.hpp"
 #include "h2/runtime/checkpoint_files.hpp"
 #include "h2/runtime/reports.hpp"
 #include "h2/core/job.hpp"
@@ -28,6 +30,7 @@ struct run_flags {
   std::string plan_path;
   std::string export_path;
   int metrics_port = -1; ///< -1: metrics.port of the job
+  int admin_port = -1;   ///< -1: admin.port of the job
   bool no_metrics = false;
   bool quiet = false;
   int stop_after = 0; ///< end cleanly after this step (0: train.steps)
@@ -37,7 +40,8 @@ struct run_flags {
 };
 
 /// Adds --steps, --json-log, --trace, --plan, --export, --metrics-port,
-/// --no-metrics, --quiet, --stop-after, --resume and --replan to `cli`.
+/// --no-metrics, --admin-port, --quiet, --stop-after, --resume and --replan
+/// to `cli`.
 void add_run_flags(CLI::App& cli, run_flags& flags);
 
 /// Parses `argv` into `cli` (a parse error is a config_error: one line,
@@ -109,6 +113,23 @@ public:
 private:
   metrics::registry registry_;
   std::unique_ptr<metrics::http_server> server_;
+};
+
+/// The admin endpoint of a run (docs/admin.md), when the job's [admin] or
+/// --admin-port asks for one (0: any free port), with the token of
+/// admin.token_file. Prints where it serves.
+class admin_service {
+public:
+  /// Throws config_error for an unusable token file or a taken port.
+  admin_service(const job_config& job, const run_flags& flags,
+                const std::string& program);
+
+  /// Where the run takes admin commands from; null when none is served.
+  std::shared_ptr<runtime::admin_inbox> inbox() const { return inbox_; }
+
+private:
+  std::shared_ptr<runtime::admin_inbox> inbox_;
+  std::unique_ptr<admin_server> server_;
 };
 
 /// Writes parameters as a safetensors file (runtime::write_safetensors: a

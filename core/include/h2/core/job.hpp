@@ -95,6 +95,11 @@ struct emulation_config {
   /// Overrides of the chips' interconnect figures for every link.
   std::optional<double> link_bandwidth_bytes_per_second;
   std::optional<double> link_latency_seconds;
+  /// Relative jitter of every emulated op's time: each op is charged
+  /// x (1 + noise x u), u uniform in [-1, 1], drawn from `noise_seed`, the
+  /// chip, the step and the op, so a run is reproducible (0: none).
+  double noise = 0;
+  std::uint64_t noise_seed = 0;
 };
 
 /// even: layers spread evenly; manual: as written; automatic ("auto"): the
@@ -167,6 +172,54 @@ struct restart_config {
   int max = 0; ///< 0: a failed node ends the job
 };
 
+/// [rebalance] policy: whether the job rebalances by its own decision.
+enum class rebalance_mode { off, automatic };
+
+/// "off", "auto".
+std::string_view to_string(rebalance_mode m) noexcept;
+
+/// Parses "off" or "auto"; nullopt for anything else.
+std::optional<rebalance_mode> parse_rebalance_mode(std::string_view text);
+
+/// [rebalance]: the live-rebalancing policy's settings (docs/rebalance.md).
+/// The defaults recover from a 2x throttle within 20 steps (about `window`
+/// steps after the smoothed times show it).
+struct rebalance_config {
+  /// off: never proposes (the admin can still ask: h2-admin rebalance).
+  rebalance_mode policy = rebalance_mode::off;
+  /// Least predicted gain, as a fraction of the current plan's predicted
+  /// step time, after the amortised cost of moving layers.
+  double threshold = 0.05;
+  /// Consecutive evaluated steps the gain must exceed `threshold`.
+  int window = 3;
+  /// Steps after a rebalance before the window may start again; also the
+  /// steps over which a move's cost is amortised.
+  int min_interval = 10;
+  /// Weight of the newest step in the exponential smoothing of the
+  /// observations (0 < smoothing <= 1; 1: no smoothing). Not a job key.
+  double smoothing = 0.5;
+};
+
+/// Checks the ranges: threshold >= 0, window >= 1, min_interval >= 0,
+/// 0 < smoothing <= 1. Throws config_error at "rebalance.<key>".
+void check_rebalance_config(const rebalance_config& config);
+
+/// One [[drills]] entry: before step `step` starts, emulated chip `chip`
+/// runs `factor` times slower than its profile (restore: factor 1 again).
+struct drill {
+  int step = 0;
+  chip_id chip;
+  double factor = 1;
+};
+
+/// [admin]: the authenticated admin endpoint (docs/admin.md), served by
+/// h2-launch and by rank 0 of h2-node.
+struct admin_config {
+  std::string bind = "127.0.0.1";
+  int port = 0;           ///< 0: no admin endpoint
+  std::string token_file; ///< the admin token (not the job secret)
+};
+
 struct security_config {
   /// The job's secret (a token file every node reads); required when the
   /// job runs in several processes.
@@ -190,6 +243,9 @@ struct job_config {
   checkpoint_config checkpoint;
   restart_config restart;
   security_config security;
+  rebalance_config rebalance;
+  std::vector<drill> drills; ///< in step order
+  admin_config admin;
   topology_config topology; ///< [topology]: link tiers (core/topology.hpp)
   catalog profiles;         ///< built-in profiles plus the job's [profiles.*]
 

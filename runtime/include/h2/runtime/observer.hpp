@@ -8,6 +8,7 @@
 #include "h2/core/plan.hpp"
 
 #include <optional>
+#include <string>
 #include <vector>
 
 namespace h2::runtime {
@@ -23,6 +24,26 @@ struct run_summary {
   double mean_bubble_fraction = 0;
   double virtual_seconds = 0; ///< virtual time of the whole run
   double wall_seconds = 0;    ///< wall time of the whole run
+};
+
+/// A live rebalance carried out at a step boundary (docs/rebalance.md).
+struct rebalance_event {
+  int step = 0;       ///< the first step under the new plan
+  int generation = 0; ///< plans adopted since the start (the first: 0)
+  /// "throttled chip 0:1", "live metrics", "admin", "--replan", ...
+  std::string reason;
+  plan value; ///< the plan now running
+  /// The layers that changed owner: "layers [3, 5) 0:1 -> 0:2".
+  std::vector<std::string> moves;
+  double moved_bytes = 0;
+  /// The moves' link time, charged on the virtual clock.
+  double charged_seconds = 0;
+  /// Wall time training stood still for it.
+  double pause_seconds = 0;
+  /// Predicted step seconds of the old and the new plan under the live
+  /// measurements (0: not predicted, a forced re-plan).
+  double before_seconds = 0;
+  double after_seconds = 0;
 };
 
 class training_observer {
@@ -45,6 +66,9 @@ public:
   /// finish, then the copy of the layers to host memory.
   virtual void on_checkpoint(int steps, double waited_seconds,
                              double stall_seconds) {}
+
+  /// The job moved to another plan between two steps.
+  virtual void on_rebalance(const rebalance_event& e) {}
 };
 
 /// Keeps every step summary and validation loss (tests, benchmarks, tools).
@@ -52,6 +76,9 @@ class step_recorder : public training_observer {
 public:
   void on_step(const step_summary& s) override { steps.push_back(s); }
   void on_eval(int, double loss) override { val_losses.push_back(loss); }
+  void on_rebalance(const rebalance_event& e) override {
+    rebalances.push_back(e);
+  }
 
   /// The training loss of every step so far.
   std::vector<double> losses() const {
@@ -63,6 +90,7 @@ public:
 
   std::vector<step_summary> steps;
   std::vector<double> val_losses;
+  std::vector<rebalance_event> rebalances;
 };
 
 } // namespace h2::runtime

@@ -58,6 +58,25 @@ struct channel_traffic {
   std::uint64_t received = 0;
 };
 
+/// One layer's share of a step's charged compute: seconds of one
+/// micro-batch's forward and backward (the backward includes the recomputed
+/// forward when the stage recomputes), the mean over the step's
+/// micro-batches. Emulated chips: what the chip charged (its emulated op
+/// times, throttle and noise included), never the host's wall time; real
+/// chips: the measured op times, split over the layers by their FLOPs.
+struct layer_charge {
+  double forward_seconds = 0;
+  double backward_seconds = 0;
+};
+
+/// The pipeline transfers a chip received from one neighbour in a step:
+/// their link seconds as charged (emulated) and how many there were.
+struct link_charge {
+  chip_id from;
+  double seconds = 0;
+  std::int32_t transfers = 0;
+};
+
 /// A chip is ready: its stage is built.
 struct setup_report {
   chip_id chip;
@@ -93,6 +112,10 @@ struct chip_step_report {
   std::uint64_t overruns = 0; ///< wall clock: ops slower than emulated
   double overrun_seconds = 0;
   std::vector<op_record> ops;
+  /// Per layer of the stage, in layer order (live rebalancing).
+  std::vector<layer_charge> layers;
+  /// Per neighbour that sent activations or gradients this step.
+  std::vector<link_charge> links;
 };
 
 /// The optimizer phase of a step.

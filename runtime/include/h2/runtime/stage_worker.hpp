@@ -119,6 +119,12 @@ public:
   /// worker runs no step after it.
   void detach_channels() noexcept;
 
+  /// An emulated chip runs `factor` times slower than its profile from the
+  /// next op on (a drill: [[drills]], h2-admin throttle; 1 restores it).
+  /// Throws h2::error on a real chip, whose speed is measured.
+  void set_throttle(double factor);
+  double throttle() const noexcept { return throttle_; }
+
   devices::device_context& device() noexcept { return *device_; }
   model::stage& stage() noexcept { return *stage_; }
   const worker_setup& setup() const noexcept { return setup_; }
@@ -130,6 +136,14 @@ private:
   memory_report memory_now() const;
   clock_pair clocks() const;
   double layer_seconds(devices::pass p) const;
+  /// What an emulated op of `kind` (micro-batch `micro_batch`, step `step`)
+  /// is charged: `seconds` x throttle x the job's noise; nullopt (measure)
+  /// when `seconds` < 0 (a real device).
+  std::optional<double> charged(double seconds, std::int64_t step,
+                                recorded_op kind, int micro_batch) const;
+  /// Splits the step's charged compute over the stage's layers.
+  std::vector<layer_charge> layer_charges(double forward_seconds,
+                                          double backward_seconds) const;
   at::Tensor receive(const chip_id& peer, std::uint64_t tag, op_context& ctx,
                      int micro_batch);
   void send(const chip_id& peer, std::uint64_t tag, const at::Tensor& t);
@@ -147,6 +161,10 @@ private:
   std::vector<layer_work> work_; ///< of each layer, for one micro-batch
   std::chrono::duration<double> timeout_;
   double loss_scale_ = 1; ///< 1 / tokens of the global batch
+  double throttle_ = 1;
+  /// Each layer's share of the stage's forward (backward) time: its
+  /// emulated seconds, or its FLOPs on a real device.
+  std::vector<double> forward_share_, backward_share_;
 };
 
 } // namespace h2::runtime

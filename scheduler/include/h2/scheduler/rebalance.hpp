@@ -22,37 +22,12 @@
 
 namespace h2::scheduler {
 
-/// [rebalance] policy: whether the job rebalances by its own decision.
-enum class rebalance_mode { off, automatic };
-
-/// "off", "auto".
-std::string_view to_string(rebalance_mode m) noexcept;
-
-/// Parses "off" or "auto"; nullopt for anything else.
-std::optional<rebalance_mode> parse_rebalance_mode(std::string_view text);
-
-/// The policy's settings; the job file's [rebalance] table
-/// (docs/rebalance.md). The defaults recover from a 2x throttle within 20
-/// steps (about `window` steps after the smoothed times show it).
-struct rebalance_config {
-  /// off: never proposes (the admin can still ask, propose_now()).
-  rebalance_mode policy = rebalance_mode::off;
-  /// Least predicted gain, as a fraction of the current plan's predicted
-  /// step time, after the amortised cost of moving layers.
-  double threshold = 0.05;
-  /// Consecutive evaluated steps the gain must exceed `threshold`.
-  int window = 3;
-  /// Steps after a rebalance before the window may start again; also the
-  /// steps over which a move's cost is amortised.
-  int min_interval = 10;
-  /// Weight of the newest step in the exponential smoothing of the
-  /// observations (0 < smoothing <= 1; 1: no smoothing). Not a job key.
-  double smoothing = 0.5;
-};
-
-/// Checks the ranges: threshold >= 0, window >= 1, min_interval >= 0,
-/// 0 < smoothing <= 1. Throws config_error at "rebalance.<key>".
-void check_rebalance_config(const rebalance_config& config);
+// The settings live with the job (core/job.hpp, [rebalance]).
+using h2::check_rebalance_config;
+using h2::parse_rebalance_mode;
+using h2::rebalance_config;
+using h2::rebalance_mode;
+using h2::to_string;
 
 /// Exponentially weighted moving average: the first sample is the value,
 /// each later one moves it by `weight` x (sample - value).

@@ -34,6 +34,12 @@ private:
   std::string bytes_;
 };
 
+/// The text of a secret or token file, trailing white space removed.
+/// Throws config_error at `key` ("cannot read <what> \"path\"", or "...
+/// is empty").
+std::string read_token_file(const std::string& path, const std::string& key,
+                            const std::string& what);
+
 /// What a finished handshake established.
 struct handshake_result {
   std::uint64_t channel = 0;
@@ -76,6 +82,13 @@ struct control_seal {
   std::uint64_t seq = 0;
   std::string mac;
 };
+
+/// The seal of message `seq` of `sender` of `type` carrying `payload`
+/// (control_signer numbers them itself; a client that outlives no process,
+/// such as h2-admin, brings its own increasing numbers).
+control_seal seal_control(const job_secret& secret, std::string_view type,
+                          int sender, std::uint64_t seq,
+                          std::string_view payload);
 
 /// Seals one sender's control messages with increasing sequence numbers.
 /// Thread-safe.

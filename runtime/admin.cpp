@@ -1,0 +1,232 @@
+#include "h2/runtime/admin.hpp"
+
+#include <nlohmann/json.hpp>
+
+#include <cerrno>
+#include <cmath>
+#include <cstring>
+
+#include <sys/stat.h>
+
+namespace h2::runtime {
+
+std::string admin_seal_type(std::string_view command) {
+  return "admin/" + std::string(command);
+}
+
+std::string admin_payload(const std::vector<std::string>& args) {
+  return nlohmann::json(args).dump();
+}
+
+admin_request seal_admin_request(const transport::job_secret& token,
+                                 std::uint64_t seq, std::string command,
+                                 std::vector<std::string> args) {
+  admin_request r;
+  r.seal = transport::seal_control(token, admin_seal_type(command), 0, seq,
+                                   admin_payload(args));
+  r.command = std::move(command);
+  r.args = std::move(args);
+  return r;
+}
+
+std::string encode_admin_request(const admin_request& r) {
+  return nlohmann::json{{"seq", r.seal.seq},
+                        {"command", r.command},
+                        {"args", r.args},
+                        {"mac", r.seal.mac}}
+    .dump();
+}
+
+admin_request decode_admin_request(std::string_view line) {
+  if (line.size() > max_admin_request_bytes)
+    throw admin_error("malformed request: longer than " +
+                      std::to_string(max_admin_request_bytes) + " bytes");
+  const auto j = nlohmann::json::parse(line, nullptr, false);
+  if (j.is_discarded() || !j.is_object())
+    throw admin_error("malformed request: not a JSON object");
+  auto field = [&](const char* key) -> const nlohmann::json& {
+    auto it = j.find(key);
+    if (it == j.end())
+      throw admin_error(std::string("malformed request: no \"") + key + "\"");
+    return *it;
+  };
+  admin_request r;
+  const auto& seq = field("seq");
+  if (!seq.is_number_unsigned())
+    throw admin_error("malformed request: \"seq\" is not a positive integer");
+  r.seal.seq = seq.get<std::uint64_t>();
+  const auto& command = field("command");
+  const auto& mac = field("mac");
+  if (!command.is_string() || !mac.is_string())
+    throw admin_error("malformed request: \"command\" and \"mac\" are strings");
+  r.command = command.get<std::string>();
+  r.seal.mac = mac.get<std::string>();
+  const auto& args = field("args");
+  if (!args.is_array())
+    throw admin_error("malformed request: \"args\" is not an array");
+  for (const auto& a : args) {
+    if (!a.is_string())
+      throw admin_error("malformed request: an argument is not a string");
+    r.args.push_back(a.get<std::string>());
+  }
+  if (j.size() != 4)
+    throw admin_error("malformed request: unknown fields");
+  return r;
+}
+
+std::string admin_ok(std::string_view result_json) {
+  auto result = nlohmann::json::parse(result_json, nullptr, false);
+  return nlohmann::json{{"ok", true},
+                        {"result", result.is_discarded()
+                                     ? nlohmann::json(result_json)
+                                     : result}}
+    .dump();
+}
+
+std::string admin_refusal(std::string_view message) {
+  return nlohmann::json{{"ok", false}, {"error", message}}.dump(
+    -1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
+namespace {
+
+void expect_args(const std::string& command,
+                 const std::vector<std::string>& args, std::size_t n,
+                 const char* usage) {
+  if (args.size() != n)
+    throw admin_error(command + ": expected " + usage + ", got " +
+                      std::to_string(args.size()) + " argument" +
+                      (args.size() == 1 ? "" : "s"));
+}
+
+} // namespace
+
+admin_command parse_admin_command(const std::string& command,
+                                  const std::vector<std::string>& args) {
+  admin_command c;
+  if (command == "status" || command == "plan" || command == "pause" ||
+      command == "resume" || command == "checkpoint" || command == "stop") {
+    expect_args(command, args, 0, "no arguments");
+    c.verb = command == "status"       ? admin_verb::status
+             : command == "plan"       ? admin_verb::plan
+             : command == "pause"      ? admin_verb::pause
+             : command == "resume"     ? admin_verb::resume
+             : command == "checkpoint" ? admin_verb::checkpoint
+                                       : admin_verb::stop;
+    return c;
+  }
+  if (command == "policy") {
+    expect_args(command, args, 1, "auto or off");
+    auto mode = parse_rebalance_mode(args[0]);
+    if (!mode)
+      throw admin_error("policy: expected auto or off, got \"" + args[0] +
+                        "\"");
+    c.verb = admin_verb::policy;
+    c.mode = *mode;
+    return c;
+  }
+  if (command == "throttle") {
+    expect_args(command, args, 2, "CHIP FACTOR");
+    auto chip = chip_id::parse(args[0]);
+    if (!chip)
+      throw admin_error("throttle: expected a chip id \"<node>:<index>\", "
+                        "got \"" + args[0] + "\"");
+    double factor = 0;
+    std::size_t used = 0;
+    try {
+      factor = std::stod(args[1], &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (used == 0 || used != args[1].size() || !std::isfinite(factor) ||
+        factor <= 0 || factor > 1000)
+      throw admin_error("throttle: FACTOR must be a number in (0, 1000], "
+                        "got \"" + args[1] + "\"");
+    c.verb = admin_verb::throttle;
+    c.chip = *chip;
+    c.factor = factor;
+    return c;
+  }
+  if (command == "rebalance") {
+    c.verb = admin_verb::rebalance;
+    if (args.size() == 1 && args[0] == "--auto") {
+      c.best = true;
+      return c;
+    }
+    if ((args.size() == 2 || (args.size() == 3 && args[2] == "--restart")) &&
+        args[0] == "--plan") {
+      c.plan_json = args[1];
+      c.restart = args.size() == 3;
+      return c;
+    }
+    throw admin_error("rebalance: expected --auto or --plan FILE "
+                      "[--restart]");
+  }
+  throw admin_error("unknown command \"" + command.substr(0, 64) +
+                    "\" (status, plan, rebalance, policy, pause, resume, "
+                    "checkpoint, throttle, stop)");
+}
+
+void admin_inbox::open() {
+  std::lock_guard<std::mutex> guard(mutex_);
+  open_ = true;
+}
+
+void admin_inbox::close() {
+  std::vector<command> left;
+  {
+    std::lock_guard<std::mutex> guard(mutex_);
+    open_ = false;
+    left.swap(queue_);
+  }
+  for (auto& c : left)
+    c.reply->set_value({false, "the run ended before it could answer"});
+}
+
+admin_reply admin_inbox::ask(std::string name, std::vector<std::string> args) {
+  auto reply = std::make_shared<std::promise<admin_reply>>();
+  auto answer = reply->get_future();
+  {
+    std::lock_guard<std::mutex> guard(mutex_);
+    if (!open_)
+      return {false, "no training run is in progress (it is starting, or "
+                     "ending)"};
+    queue_.push_back({std::move(name), std::move(args), std::move(reply)});
+  }
+  if (answer.wait_for(timeout) != std::future_status::ready)
+    return {false, "the scheduler did not answer within " +
+                     std::to_string(timeout.count()) + " s"};
+  return answer.get();
+}
+
+std::vector<admin_inbox::command> admin_inbox::take() {
+  std::lock_guard<std::mutex> guard(mutex_);
+  std::vector<command> out;
+  out.swap(queue_);
+  return out;
+}
+
+std::size_t admin_inbox::waiting() {
+  std::lock_guard<std::mutex> guard(mutex_);
+  return queue_.size();
+}
+
+std::shared_ptr<const transport::job_secret>
+load_admin_token(const std::string& path, const std::string& key) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0)
+    throw config_error(key, "cannot read the admin token \"" + path +
+                              "\": " + std::strerror(errno));
+  if ((st.st_mode & (S_IRWXG | S_IRWXO)) != 0)
+    throw config_error(key, "the admin token \"" + path +
+                              "\" is readable by group or others: chmod 600 "
+                              "it");
+  std::string s = transport::read_token_file(path, key, "the admin token");
+  if (s.size() < 16)
+    throw config_error(key, "the admin token \"" + path + "\" has " +
+                              std::to_string(s.size()) +
+                              " bytes; it needs at least 16");
+  return std::make_shared<const transport::job_secret>(std::move(s));
+}
+
+} // namespace h2::runtime

@@ -1,0 +1,280 @@
+// The admin endpoint end to end (docs/admin.md): h2-admin steers a running
+// h2-launch (pause, status, throttle, rebalance, policy, plan, resume,
+// stop), and every request it must refuse (no token, a wrong token, a
+// replay, garbage, an unknown command, values out of range) gets an error
+// and a log line while training goes on exactly as without them.
+#include "h2/runtime/admin.hpp"
+#include "launch.hpp"
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <chrono>
+#include <cstring>
+#include <regex>
+#include <stdexcept>
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+namespace h2::test {
+namespace {
+
+using namespace std::chrono_literals;
+
+const std::string admin_binary = H2_ADMIN;
+
+/// small_job on the wall clock (about 0.3 s a step) with an admin token.
+std::string admin_job(const std::filesystem::path& token, int steps) {
+  auto job = replaced(small_job, "clock = \"virtual\"",
+                      "clock = \"wall\"\ntime_scale = 400");
+  job = replaced(job, "steps = 20", "steps = " + std::to_string(steps));
+  return job + "\n[admin]\ntoken_file = \"" + token.string() + "\"\n";
+}
+
+std::filesystem::path write_token(const scratch_dir& dir,
+                                  const std::string& name,
+                                  const std::string& text,
+                                  mode_t mode = 0600) {
+  auto path = dir.write(name, text);
+  ::chmod(path.c_str(), mode);
+  return path;
+}
+
+/// The admin endpoint h2-launch printed ("h2: admin endpoint at H:P").
+std::string endpoint_of(child_process& launch) {
+  std::string where;
+  const std::regex line(R"(admin endpoint at (\S+))");
+  launch.wait_until(
+    [&] {
+      std::smatch m;
+      const auto out = launch.out();
+      if (!std::regex_search(out, m, line))
+        return false;
+      where = m[1];
+      return true;
+    },
+    60s);
+  return where;
+}
+
+int port_of(const std::string& endpoint) {
+  return std::stoi(endpoint.substr(endpoint.rfind(':') + 1));
+}
+
+/// Sends one raw line to the endpoint and returns the answer line.
+std::string raw_request(int port, const std::string& line) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0)
+    throw std::runtime_error(std::strerror(errno));
+  timeval tv{10, 0};
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<std::uint16_t>(port));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) {
+    ::close(fd);
+    throw std::runtime_error(std::strerror(errno));
+  }
+  const std::string out = line + "\n";
+  ::send(fd, out.data(), out.size(), MSG_NOSIGNAL);
+  std::string answer;
+  char buf[4096];
+  for (ssize_t n; (n = ::recv(fd, buf, sizeof(buf), 0)) > 0;)
+    answer.append(buf, static_cast<std::size_t>(n));
+  ::close(fd);
+  return answer.substr(0, answer.find('\n'));
+}
+
+class apps_admin : public ::testing::Test {
+protected:
+  /// h2-admin --address ... --token-file `token` args...
+  run_result admin(const std::filesystem::path& token,
+                   const std::vector<std::string>& args) {
+    std::vector<std::string> all = {"--address", endpoint_, "--token-file",
+                                    token.string()};
+    all.insert(all.end(), args.begin(), args.end());
+    return run_to_end(admin_binary, all, calls_, 60s);
+  }
+
+  /// Starts h2-launch on `job` with an admin endpoint on any free port and
+  /// a JSON log at `log`, and waits for the endpoint.
+  std::unique_ptr<child_process> start(const std::filesystem::path& job,
+                                       const std::filesystem::path& log) {
+    auto launch = std::make_unique<child_process>(
+      launch_binary,
+      std::vector<std::string>{job.string(), "--admin-port", "0",
+                               "--json-log", log.string()},
+      dir_ / "stdout.txt", dir_ / "stderr.txt");
+    endpoint_ = endpoint_of(*launch);
+    EXPECT_FALSE(endpoint_.empty()) << launch->out() << launch->err();
+    return launch;
+  }
+
+  /// The "status --json" answer.
+  nlohmann::json status(const std::filesystem::path& token) {
+    auto r = admin(token, {"status", "--json"});
+    EXPECT_EQ(r.status.code, 0) << r.err;
+    return nlohmann::json::parse(r.out);
+  }
+
+  scratch_dir dir_;
+  scratch_dir calls_;
+  std::string endpoint_;
+};
+
+TEST_F(apps_admin, an_admin_steers_a_running_job) {
+  const auto token = write_token(dir_, "admin.token", "0123456789abcdef-x\n");
+  const auto job = dir_.write("job.toml", admin_job(token, 100000));
+  const auto log = dir_ / "log.jsonl";
+  auto started = start(job, log);
+  ASSERT_FALSE(endpoint_.empty());
+  auto& launch = *started;
+
+  // Paused: the step count holds still.
+  auto paused = admin(token, {"pause"});
+  ASSERT_EQ(paused.status.code, 0) << paused.err;
+  ASSERT_TRUE(launch.wait_until([&] { return status(token)["paused"].get<bool>(); },
+                                60s));
+  const int held = status(token)["step"];
+  std::this_thread::sleep_for(1s); // several steps' time
+  EXPECT_EQ(status(token)["step"], held);
+
+  // Throttled chip 0:0, then rebalanced around it.
+  auto throttle = admin(token, {"throttle", "0:0", "3"});
+  ASSERT_EQ(throttle.status.code, 0) << throttle.err;
+  auto rebalance = admin(token, {"rebalance", "--auto"});
+  ASSERT_EQ(rebalance.status.code, 0) << rebalance.err << rebalance.out;
+  auto resumed = admin(token, {"resume"});
+  ASSERT_EQ(resumed.status.code, 0) << resumed.err;
+  ASSERT_TRUE(launch.wait_until(
+    [&] { return status(token)["step"].get<int>() >= held + 3; }, 60s));
+  const auto s = status(token);
+  EXPECT_EQ(s["paused"], false);
+  EXPECT_EQ(s["plan_generation"], 1);
+  EXPECT_EQ(s["chips"][0]["chip"], "0:0");
+  EXPECT_EQ(s["chips"][0]["throttle"], 3.0);
+  EXPECT_GT(s["chips"][0]["compute_factor"].get<double>(), 2.5)
+    << "the policy sees the throttle in what the chip charges";
+
+  auto plan = admin(token, {"plan"});
+  ASSERT_EQ(plan.status.code, 0) << plan.err;
+  EXPECT_EQ(nlohmann::json::parse(plan.out)["generation"], 1);
+  auto policy = admin(token, {"policy", "auto"});
+  EXPECT_EQ(policy.status.code, 0) << policy.err;
+  EXPECT_EQ(status(token)["policy"]["mode"], "auto");
+  auto human = admin(token, {"status"});
+  EXPECT_NE(human.out.find("0:0    emulated:h100-sxm"), std::string::npos)
+    << human.out;
+
+  // No [checkpoint]: refused, training goes on.
+  auto checkpoint = admin(token, {"checkpoint"});
+  EXPECT_EQ(checkpoint.status.code, 1);
+  EXPECT_NE(checkpoint.err.find("no [checkpoint] dir"), std::string::npos)
+    << checkpoint.err;
+
+  auto stop = admin(token, {"stop"});
+  ASSERT_EQ(stop.status.code, 0) << stop.err;
+  auto end = launch.wait(run_timeout);
+  EXPECT_EQ(end.code, 0) << end.describe() << launch.err();
+  EXPECT_NE(launch.out().find("h2: stopped after"), std::string::npos);
+  const auto rebalances = events(json_log(read_text(log)), "rebalance");
+  ASSERT_GE(rebalances.size(), 1u);
+  EXPECT_EQ(rebalances[0]["reason"], "admin");
+  // Planned before the throttle showed in any step; once the policy is on
+  // it works around what the chips then charge.
+  for (std::size_t i = 1; i < rebalances.size(); ++i)
+    EXPECT_EQ(rebalances[i]["reason"], "throttled chip 0:0");
+  EXPECT_EQ(rebalances[0]["step"], held);
+  EXPECT_GT(rebalances[0]["moved_bytes"].get<double>(), 0);
+  EXPECT_LT(rebalances[0]["predicted_after_seconds"].get<double>(),
+            rebalances[0]["predicted_before_seconds"].get<double>());
+}
+
+TEST_F(apps_admin, refused_requests_change_nothing) {
+  const std::string secret = "0123456789abcdef-y";
+  const auto token = write_token(dir_, "admin.token", secret);
+  const auto wrong = write_token(dir_, "wrong.token", "fedcba9876543210-y");
+  const auto shared = write_token(dir_, "shared.token", secret, 0644);
+  const auto short_token = write_token(dir_, "short.token", "short");
+  const int steps = 25;
+  const auto job = dir_.write("job.toml", admin_job(token, steps));
+
+  // The same job without an admin endpoint: the losses to match.
+  scratch_dir quiet;
+  const auto baseline_log = quiet / "log.jsonl";
+  auto baseline = run_to_end(
+    launch_binary, {job.string(), "--json-log", baseline_log.string()}, quiet,
+    run_timeout);
+  ASSERT_EQ(baseline.status.code, 0) << baseline.err;
+
+  const auto log = dir_ / "log.jsonl";
+  auto started = start(job, log);
+  ASSERT_FALSE(endpoint_.empty());
+  auto& launch = *started;
+  const int port = port_of(endpoint_);
+
+  // Refused by h2-admin itself (exit 2, nothing sent).
+  for (const auto& [file, reason] :
+       std::vector<std::pair<std::filesystem::path, std::string>>{
+         {dir_ / "none.token", "cannot read the admin token"},
+         {shared, "readable by group or others"},
+         {short_token, "at least 16"}}) {
+    auto r = admin(file, {"stop"});
+    EXPECT_EQ(r.status.code, 2) << file;
+    EXPECT_NE(r.err.find(reason), std::string::npos) << r.err;
+    expect_one_line(r.err);
+  }
+  auto usage = admin(token, {"throttle", "0:0", "0"});
+  EXPECT_EQ(usage.status.code, 2);
+  EXPECT_NE(usage.err.find("(0, 1000]"), std::string::npos) << usage.err;
+
+  // Refused by the endpoint (exit 1 from h2-admin, an error line raw).
+  auto unauthorized = admin(wrong, {"stop"});
+  EXPECT_EQ(unauthorized.status.code, 1);
+  EXPECT_NE(unauthorized.err.find("unauthorized"), std::string::npos)
+    << unauthorized.err;
+  auto refused = [&](const std::string& line, const std::string& reason) {
+    const auto answer = nlohmann::json::parse(raw_request(port, line));
+    EXPECT_EQ(answer["ok"], false) << line.substr(0, 80);
+    EXPECT_NE(answer.value("error", "").find(reason), std::string::npos)
+      << answer.dump();
+  };
+  const transport::job_secret key(secret);
+  std::uint64_t seq = 1;
+  refused("stop now please", "malformed request");
+  refused("{\"seq\": 1}", "malformed request");
+  refused(std::string(2 << 20, 'x'), "longer than");
+  refused(runtime::encode_admin_request(
+            runtime::seal_admin_request(key, ++seq, "frob", {})),
+          "unknown command");
+  refused(runtime::encode_admin_request(
+            runtime::seal_admin_request(key, ++seq, "throttle", {"0:0", "0"})),
+          "(0, 1000]");
+  refused(runtime::encode_admin_request(runtime::seal_admin_request(
+            key, ++seq, "throttle", {"7:0", "2"})),
+          "no chip 7:0");
+  const auto status_line = runtime::encode_admin_request(
+    runtime::seal_admin_request(key, ++seq, "status", {}));
+  EXPECT_EQ(nlohmann::json::parse(raw_request(port, status_line))["ok"], true);
+  refused(status_line, "unauthorized"); // the same request again: a replay
+  auto forged = runtime::seal_admin_request(key, ++seq, "pause", {});
+  forged.command = "stop";
+  refused(runtime::encode_admin_request(forged), "unauthorized");
+
+  auto end = launch.wait(run_timeout);
+  ASSERT_EQ(end.code, 0) << end.describe() << launch.err();
+  EXPECT_NE(launch.out().find("h2: done after " + std::to_string(steps)),
+            std::string::npos);
+  EXPECT_EQ(logged_losses(log), logged_losses(baseline_log))
+    << "training went on exactly as without the requests";
+  EXPECT_NE(launch.err().find("h2: admin: refused"), std::string::npos)
+    << "refusals are logged";
+}
+
+} // namespace
+} // namespace h2::test
