@@ -465,6 +465,8 @@ stall_observer run_demo(const fs::path& root, int steps, int every) {
   auto job = std::make_shared<job_config>(
     parse_job(demo_job_toml(), "examples/demo.toml"));
   job->train.steps = steps;
+  job->rebalance = rebalance_config{}; // the same plan throughout
+  job->drills.clear();
   job->checkpoint.dir = root.string();
   job->checkpoint.every = every;
   actors::local_job local(job, scheduler::make_plan(*job));

@@ -49,6 +49,8 @@ int main(int argc, char** argv) {
   auto wall_job =
     std::make_shared<job_config>(parse_job(demo_job_toml(), "demo.toml"));
   wall_job->metrics.port = 0;
+  wall_job->rebalance = rebalance_config{}; // each plan as it is
+  wall_job->drills.clear();
   auto virtual_job = std::make_shared<job_config>(*wall_job);
   virtual_job->emulation.clock = clock_mode::virtual_clock;
 

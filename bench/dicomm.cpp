@@ -8,6 +8,7 @@
 // ones two processes use: an abstract Unix socket and memfd rings, a
 // loopback TCP connection).
 #include "bench_common.hpp"
+#include "channel_pair.hpp"
 
 #include "h2/transport/endpoint.hpp"
 
@@ -44,58 +45,6 @@ double seconds_since(clock_type::time_point t0) {
 
 constexpr std::uint64_t MiB = 1 << 20;
 constexpr auto wait_long = std::chrono::seconds(60);
-
-/// Two endpoints of one job joined by a channel of `backend`.
-struct channel_pair {
-  std::unique_ptr<transport::endpoint> a, b;
-  std::unique_ptr<transport::channel> tx, rx;
-
-  channel_pair(const std::string& backend, bool crc) {
-    auto secret = std::make_shared<const transport::job_secret>("bench");
-    auto opts = [&](int rank) {
-      transport::endpoint_options o;
-      o.node_rank = rank;
-      o.secret = secret;
-      o.backends = {backend};
-      o.framing.crc = crc;
-      return o;
-    };
-    a = std::make_unique<transport::endpoint>(opts(0));
-    b = std::make_unique<transport::endpoint>(opts(1));
-    auto until = clock_type::now() + std::chrono::seconds(10);
-    auto accepted =
-      std::async(std::launch::async, [&] { return b->accept(1, until); });
-    tx = a->dial(b->address(), 1, backend, until);
-    rx = accepted.get();
-  }
-};
-
-transport::message tensor_message(std::uint64_t tag, at::Tensor t) {
-  transport::message m;
-  m.tag = tag;
-  m.tensor = std::move(t);
-  return m;
-}
-
-/// Bytes per second of `n` messages of `bytes` over `p`, sent by one thread
-/// and received by another (at least two in flight).
-double channel_throughput(channel_pair& p, std::uint64_t bytes, int n) {
-  auto t = at::empty({static_cast<std::int64_t>(bytes)}, at::kByte);
-  t.fill_(7);
-  auto once = [&](int count) {
-    auto rx = std::async(std::launch::async, [&] {
-      for (int i = 0; i < count; ++i)
-        p.rx->recv(5, wait_long);
-    });
-    for (int i = 0; i < count; ++i)
-      p.tx->send(tensor_message(5, t));
-    rx.get();
-  };
-  once(n); // warm: rings mapped, buffers touched
-  auto t0 = clock_type::now();
-  once(n);
-  return static_cast<double>(bytes) * n / seconds_since(t0);
-}
 
 /// Bytes per second of a single-thread memcpy of `bytes` (warm buffers).
 double memcpy_throughput(std::uint64_t bytes, int n) {

@@ -5,7 +5,7 @@ build=${1:-build}
 out="$build/bench-results.json"
 rm -f "$out"
 for b in runtime_overhead single_chip demo_plans plan_scale superlinear dicomm \
-         demo_nodes checkpoint; do
+         demo_nodes checkpoint rebalance; do
   echo "== $b"
   "$build/bench/bench_$b" --out "$out"
 done

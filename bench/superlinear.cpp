@@ -82,7 +82,9 @@ int main(int argc, char** argv) {
     bench::print(records.back());
   }
   {
-    const auto job = parse_job(demo_job_toml(), "demo.toml");
+    auto job = parse_job(demo_job_toml(), "demo.toml");
+    job.rebalance = rebalance_config{}; // each plan as it is
+    job.drills.clear();
     job_config planned = job;
     planned.plan.mode = plan_mode::automatic;
     runtime::profiled_measurements m(planned);
