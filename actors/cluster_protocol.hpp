@@ -68,8 +68,8 @@ struct node_assignment {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, node_assignment& x) {
   return f(caf::meta::type_name("node_assignment"), x.plan_json, x.links,
-           x.origin_system_ns, x.checkpoint_marker, x.resume_dir,
-           x.resume_step, x.seal);
+           x.origin_system_ns, x.checkpoint_marker, x.resume_dir, x.resume_step,
+           x.seal);
 }
 
 /// What an assignment's seal covers: every field but the seal, each

@@ -58,7 +58,7 @@ struct scheduler_state {
     double after_seconds = 0;
   };
   std::optional<pending_plan> pending;
-  int generation = 0; ///< plans adopted since the start
+  int generation = 0;         ///< plans adopted since the start
   std::size_t next_drill = 0; ///< index into job.drills
   /// Speed changes due before the next step ([[drills]], h2-admin
   /// throttle), and each chip's factor once applied.
@@ -379,8 +379,8 @@ void replan(self_ptr self, scheduler_state::pending_plan change,
                                layers.begin() + s.end_layer);
       gather_with<runtime::setup_report>(
         self, ctx.chips.size(),
-        [self, change, moves, then, started](
-          std::vector<runtime::setup_report> reports) {
+        [self, change, moves, then,
+         started](std::vector<runtime::setup_report> reports) {
           auto& st = self->state;
           auto& ctx = *st.ctx;
           runtime::rebalance_event e;
@@ -391,8 +391,7 @@ void replan(self_ptr self, scheduler_state::pending_plan change,
           for (const auto& m : moves) {
             e.moves.push_back("layers [" + std::to_string(m.first_layer) +
                               ", " + std::to_string(m.end_layer) + ") " +
-                              m.from.to_string() + " -> " +
-                              m.to.to_string());
+                              m.from.to_string() + " -> " + m.to.to_string());
             e.moved_bytes += m.bytes;
             e.charged_seconds += m.seconds;
           }
@@ -435,7 +434,8 @@ void run_drills(self_ptr self, std::function<void()> then) {
     return;
   }
   const auto& chip = st.ctx->chips[static_cast<std::size_t>(at - ids.begin())];
-  self->request(chip, step_timeout(*st.ctx->job), throttle_atom::value, d.factor)
+  self
+    ->request(chip, step_timeout(*st.ctx->job), throttle_atom::value, d.factor)
     .then(
       [self, then = std::move(then), d](double) mutable {
         self->state.throttles[d.chip] = d.factor;
@@ -483,7 +483,9 @@ void next_step(self_ptr self) {
     return;
   }
   if (st.paused) {
-    st.held = [self] { next_step(self); };
+    st.held = [self] {
+      next_step(self);
+    };
     return;
   }
   runtime::step_command cmd{st.step, st.virtual_barrier};
@@ -505,7 +507,9 @@ std::string admin(self_ptr self, const runtime::admin_command& cmd) {
   auto& ctx = *st.ctx;
   const job_config& job = *ctx.job;
   auto& policy = st.rebalancer->policy(); // made whenever admins may ask
-  auto quoted = [](const std::string& s) { return "\"" + s + "\""; };
+  auto quoted = [](const std::string& s) {
+    return "\"" + s + "\"";
+  };
   switch (cmd.verb) {
     case admin_verb::status: {
       runtime::run_status status;
@@ -531,8 +535,8 @@ std::string admin(self_ptr self, const runtime::admin_command& cmd) {
           p->value, p->reason, p->before_seconds, p->after_seconds};
         return "{\"scheduled\":true,\"predicted_step_seconds\":[" +
                std::to_string(p->before_seconds) + "," +
-               std::to_string(p->after_seconds) + "],\"moved_bytes\":" +
-               std::to_string(p->moved_bytes) + "}";
+               std::to_string(p->after_seconds) +
+               "],\"moved_bytes\":" + std::to_string(p->moved_bytes) + "}";
       }
       plan p = plan_from_json(cmd.plan_json, "the admin's plan");
       validate_plan(p, job, "the admin's plan");
@@ -552,8 +556,8 @@ std::string admin(self_ptr self, const runtime::admin_command& cmd) {
                       "--plan FILE") +
                "}";
       }
-      st.pending = scheduler_state::pending_plan{std::move(p), "admin plan",
-                                                 0, 0};
+      st.pending =
+        scheduler_state::pending_plan{std::move(p), "admin plan", 0, 0};
       return "{\"scheduled\":true}";
     }
     case admin_verb::policy:
@@ -655,7 +659,8 @@ caf::behavior scheduler_actor(self_ptr self, std::shared_ptr<run_context> ctx) {
       for (auto& c : st.ctx->admin->take()) {
         runtime::admin_reply reply;
         try {
-          reply.body = admin(self, runtime::parse_admin_command(c.name, c.args));
+          reply.body =
+            admin(self, runtime::parse_admin_command(c.name, c.args));
           reply.ok = true;
         } catch (const std::exception& e) { // admin_error, config_error
           reply.body = e.what();

@@ -21,8 +21,8 @@ using clock = std::chrono::steady_clock;
 
 /// Milliseconds left until `until` (0 once it passed).
 int millis_left(clock::time_point until) {
-  auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-    until - clock::now());
+  auto left =
+    std::chrono::duration_cast<std::chrono::milliseconds>(until - clock::now());
   return left.count() > 0 ? static_cast<int>(left.count()) : 0;
 }
 
@@ -100,23 +100,21 @@ admin_server::admin_server(const admin_config& config,
       inbox_(std::move(inbox)),
       log_(log),
       verifier_(token_) {
-  const std::string where =
-    config.bind + ":" + std::to_string(config.port);
+  const std::string where = config.bind + ":" + std::to_string(config.port);
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
   hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
   addrinfo* found = nullptr;
-  const int rc = ::getaddrinfo(config.bind.c_str(),
-                               std::to_string(config.port).c_str(), &hints,
-                               &found);
+  const int rc = ::getaddrinfo(
+    config.bind.c_str(), std::to_string(config.port).c_str(), &hints, &found);
   if (rc != 0)
-    throw error("cannot listen on " + where + " (admin endpoint): " +
-                ::gai_strerror(rc));
+    throw error("cannot listen on " + where +
+                " (admin endpoint): " + ::gai_strerror(rc));
   std::string why = "no address";
   for (addrinfo* a = found; a != nullptr && listen_fd_ < 0; a = a->ai_next) {
-    int fd = ::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC,
-                      a->ai_protocol);
+    int fd =
+      ::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
     if (fd < 0) {
       why = std::strerror(errno);
       continue;
@@ -218,8 +216,8 @@ void admin_server::handle(int fd, const std::string& peer) {
       shown += " " + a;
   else
     shown += " --plan <" + std::to_string(r.args[1].size()) + " bytes>";
-  std::fprintf(log_, "h2: admin: %s from %s: %s\n", shown.c_str(),
-               peer.c_str(), reply.ok ? "done" : reply.body.c_str());
+  std::fprintf(log_, "h2: admin: %s from %s: %s\n", shown.c_str(), peer.c_str(),
+               reply.ok ? "done" : reply.body.c_str());
   std::fflush(log_);
   write_all(fd,
             (reply.ok ? runtime::admin_ok(reply.body)

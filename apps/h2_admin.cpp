@@ -38,8 +38,8 @@ public:
 };
 
 int millis_left(clock::time_point until) {
-  auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-    until - clock::now());
+  auto left =
+    std::chrono::duration_cast<std::chrono::milliseconds>(until - clock::now());
   return left.count() > 0 ? static_cast<int>(left.count()) : 0;
 }
 
@@ -48,8 +48,8 @@ std::string exchange(const std::string& address, const std::string& line,
                      std::chrono::seconds timeout) {
   const auto colon = address.rfind(':');
   if (colon == std::string::npos || colon == 0 || colon + 1 == address.size())
-    throw config_error("--address", "expected HOST:PORT, got \"" + address +
-                                      "\"");
+    throw config_error("--address",
+                       "expected HOST:PORT, got \"" + address + "\"");
   std::string host = address.substr(0, colon);
   if (host.size() > 2 && host.front() == '[' && host.back() == ']')
     host = host.substr(1, host.size() - 2);
@@ -68,8 +68,7 @@ std::string exchange(const std::string& address, const std::string& line,
                   a->ai_protocol);
     if (fd < 0)
       continue;
-    if (::connect(fd, a->ai_addr, a->ai_addrlen) != 0 &&
-        errno != EINPROGRESS) {
+    if (::connect(fd, a->ai_addr, a->ai_addrlen) != 0 && errno != EINPROGRESS) {
       why = std::strerror(errno);
       ::close(fd);
       fd = -1;
@@ -97,8 +96,8 @@ std::string exchange(const std::string& address, const std::string& line,
       pollfd p{fd, POLLOUT, 0};
       if (::poll(&p, 1, millis_left(until)) != 1)
         throw unreachable("timed out sending to " + address);
-      ssize_t n = ::send(fd, out.data() + sent, out.size() - sent,
-                         MSG_NOSIGNAL);
+      ssize_t n =
+        ::send(fd, out.data() + sent, out.size() - sent, MSG_NOSIGNAL);
       if (n < 0 && (errno == EAGAIN || errno == EINTR))
         continue;
       if (n <= 0)
@@ -152,9 +151,8 @@ void print_status(const json& s) {
     const auto& p = s["policy"];
     std::printf("policy %s: threshold %.1f%%, window %d, min interval %d; "
                 "predicted step %.4f s, best within the live limits %.4f s\n",
-                p.value("mode", "?").c_str(),
-                100.0 * p.value("threshold", 0.0), p.value("window", 0),
-                p.value("min_interval", 0),
+                p.value("mode", "?").c_str(), 100.0 * p.value("threshold", 0.0),
+                p.value("window", 0), p.value("min_interval", 0),
                 p.value("predicted_step_seconds", 0.0),
                 p.value("best_predicted_step_seconds", 0.0));
   }
@@ -189,8 +187,10 @@ int main(int argc, char** argv) {
                "pause, resume, checkpoint, throttle CHIP FACTOR, stop."};
   cli.add_option("--address", address, "The job's admin endpoint, HOST:PORT")
     ->required();
-  cli.add_option("--token-file", token_file, "The admin token ([admin] "
-                                             "token_file of the job)")
+  cli
+    .add_option("--token-file", token_file,
+                "The admin token ([admin] "
+                "token_file of the job)")
     ->required();
   cli.add_flag("--json", as_json, "Print the job's answer as JSON");
   cli.add_option("--timeout", timeout, "Seconds to wait for the answer")
@@ -214,8 +214,7 @@ int main(int argc, char** argv) {
     } catch (const runtime::admin_error& e) {
       throw config_error("", e.what());
     }
-    const auto token =
-      runtime::load_admin_token(token_file, "--token-file");
+    const auto token = runtime::load_admin_token(token_file, "--token-file");
     const auto seq = static_cast<std::uint64_t>(
       std::chrono::duration_cast<std::chrono::nanoseconds>(
         std::chrono::system_clock::now().time_since_epoch())

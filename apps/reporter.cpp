@@ -79,12 +79,12 @@ void reporter::on_setup(const plan& p,
   std::FILE* out = options_.out;
   if (stage_of_.empty()) // a live rebalance prints only the new stages
     std::fprintf(
-    out,
-    "h2: job \"%s\": %lld-parameter GPT, %d layers, %s "
-    "schedule, %s clock\n",
-    job_.name.c_str(), static_cast<long long>(model_parameters(job_.model)),
-    job_.model.num_layers(), std::string(to_string(p.schedule)).c_str(),
-    std::string(to_string(job_.emulation.clock)).c_str());
+      out,
+      "h2: job \"%s\": %lld-parameter GPT, %d layers, %s "
+      "schedule, %s clock\n",
+      job_.name.c_str(), static_cast<long long>(model_parameters(job_.model)),
+      job_.model.num_layers(), std::string(to_string(p.schedule)).c_str(),
+      std::string(to_string(job_.emulation.clock)).c_str());
   for (std::size_t ri = 0; ri < p.replicas.size(); ++ri) {
     const auto& r = p.replicas[ri];
     std::fprintf(out, "h2: replica %zu: %d micro-batches of %d sequences\n", ri,
@@ -291,9 +291,10 @@ void reporter::on_checkpoint(int steps, double waited_seconds,
 }
 
 void reporter::on_rebalance(const runtime::rebalance_event& e) {
-  const double gain = e.before_seconds > 0
-                        ? (e.before_seconds - e.after_seconds) / e.before_seconds
-                        : 0;
+  const double gain =
+    e.before_seconds > 0
+      ? (e.before_seconds - e.after_seconds) / e.before_seconds
+      : 0;
   if (registry_ != nullptr) {
     auto& r = *registry_;
     r.get_gauge("h2_plan_generation",
@@ -330,7 +331,8 @@ void reporter::on_rebalance(const runtime::rebalance_event& e) {
                             {"pause_seconds", e.pause_seconds},
                             {"predicted_before_seconds", e.before_seconds},
                             {"predicted_after_seconds", e.after_seconds},
-                            {"plan", nlohmann::json::parse(to_json(e.value, -1))}}
+                            {"plan",
+                             nlohmann::json::parse(to_json(e.value, -1))}}
                .dump()
           << '\n'
           << std::flush;
@@ -343,8 +345,7 @@ void reporter::on_rebalance(const runtime::rebalance_event& e) {
                moves.empty() ? "no layers moved" : moves.c_str(),
                human_bytes(e.moved_bytes).c_str(), e.pause_seconds);
   if (e.before_seconds > 0)
-    std::fprintf(options_.out,
-                 " | predicted step %.4f s -> %.4f s (%+.1f%%)",
+    std::fprintf(options_.out, " | predicted step %.4f s -> %.4f s (%+.1f%%)",
                  e.before_seconds, e.after_seconds, -100.0 * gain);
   std::fprintf(options_.out, "\n");
   std::fflush(options_.out);

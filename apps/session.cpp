@@ -1,13 +1,12 @@
 #include "h2/apps/session.hpp"
 
 #include "h2/apps/app.hpp"
+#include "h2/core/error.hpp"
 #include "h2/runtime/admin.hpp"
 #include "h2/runtime/auto_plan.hpp"
 #include "h2/runtime/checkpointing.hpp"
 #include "h2/runtime/safetensors.hpp"
-#include "h2/core/error.hpp"
 #include "h2/scheduler/plan_builder.hpp"
-
 
 #include <algorithm>
 #include <cstring>

@@ -28,7 +28,8 @@ seed = 3
 [model]
 vocab_size = 65
 seq_len = 32
-d_model = )" << d_model << R"(
+d_model = )"
+       << d_model << R"(
 n_head = 4
 n_layer = 8
 [data]
@@ -37,7 +38,8 @@ entropy_rate = 1.0
 [train]
 global_batch = 8
 micro_batch = 2
-steps = )" << steps << R"(
+steps = )"
+       << steps << R"(
 [emulation]
 clock = "virtual"
 memory_scale = 0.01
@@ -117,10 +119,9 @@ double mean(const std::vector<double>& xs, int from, int to) {
 }
 
 /// Tokens/s per step of both runs, the throttle marked.
-void write_svg(const std::string& path, const demo_run& on,
-               const demo_run& off, int throttle_step) {
-  const double w = 720, h = 360, left = 60, right = 20, top = 30,
-               bottom = 50;
+void write_svg(const std::string& path, const demo_run& on, const demo_run& off,
+               int throttle_step) {
+  const double w = 720, h = 360, left = 60, right = 20, top = 30, bottom = 50;
   double hi = 0;
   for (double v : on.tokens_per_second)
     hi = std::max(hi, v);
@@ -131,7 +132,9 @@ void write_svg(const std::string& path, const demo_run& on,
   auto x = [&](double step) {
     return left + (w - left - right) * step / static_cast<double>(n);
   };
-  auto y = [&](double v) { return top + (h - top - bottom) * (1 - v / hi); };
+  auto y = [&](double v) {
+    return top + (h - top - bottom) * (1 - v / hi);
+  };
   std::ofstream svg(path);
   svg << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" << w
       << "\" height=\"" << h << "\" font-family=\"sans-serif\" "
@@ -154,8 +157,8 @@ void write_svg(const std::string& path, const demo_run& on,
     svg << "<polyline fill=\"none\" stroke=\"" << colour
         << "\" stroke-width=\"1.5\" points=\"";
     for (std::size_t i = 0; i < r.tokens_per_second.size(); ++i)
-      svg << x(static_cast<double>(i) + 0.5) << ","
-          << y(r.tokens_per_second[i]) << " ";
+      svg << x(static_cast<double>(i) + 0.5) << "," << y(r.tokens_per_second[i])
+          << " ";
     svg << "\"/>\n";
   };
   line(off, "#d62728");
@@ -174,8 +177,7 @@ std::vector<record> demo_bench(int steps, const std::string& svg) {
   const demo_run off = run_demo(false, steps, throttle);
   const double on_before = mean(on.tokens_per_second, settle, throttle);
   const double off_before = mean(off.tokens_per_second, settle, throttle);
-  const double on_after =
-    mean(on.tokens_per_second, throttle + settle, steps);
+  const double on_after = mean(on.tokens_per_second, throttle + settle, steps);
   const double off_after =
     mean(off.tokens_per_second, throttle + settle, steps);
   std::string moves;

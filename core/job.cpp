@@ -598,10 +598,9 @@ void read_rebalance(table_reader& root, job_config& job) {
   if (!t)
     return;
   auto& r = job.rebalance;
-  r.policy = enum_value(*t, "policy", r.policy, "\"off\", \"auto\"",
-                        [](const std::string& s) {
-                          return parse_rebalance_mode(s);
-                        });
+  r.policy =
+    enum_value(*t, "policy", r.policy, "\"off\", \"auto\"",
+               [](const std::string& s) { return parse_rebalance_mode(s); });
   r.threshold = number_in(*t, "threshold", r.threshold, 0, 10);
   r.window = positive_int(*t, "window", r.window);
   r.min_interval = positive_int(*t, "min_interval", r.min_interval, 0);
@@ -629,7 +628,8 @@ void read_drills(table_reader& root, job_config& job) {
     auto id = chip_id::parse(text);
     if (!id)
       throw config_error(t.path(key), "expected a chip id \"<node>:<index>\", "
-                                      "got \"" + text + "\"");
+                                      "got \"" +
+                                        text + "\"");
     const chip_spec* chip = job.find_chip(*id);
     if (chip == nullptr)
       throw config_error(t.path(key), "no chip " + text + " in [[nodes]]");
@@ -650,8 +650,9 @@ void read_drills(table_reader& root, job_config& job) {
     t.finish();
     job.drills.push_back(d);
   }
-  std::stable_sort(job.drills.begin(), job.drills.end(),
-                   [](const drill& a, const drill& b) { return a.step < b.step; });
+  std::stable_sort(
+    job.drills.begin(), job.drills.end(),
+    [](const drill& a, const drill& b) { return a.step < b.step; });
 }
 
 void read_admin(table_reader& root, job_config& job) {

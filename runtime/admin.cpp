@@ -76,10 +76,9 @@ admin_request decode_admin_request(std::string_view line) {
 
 std::string admin_ok(std::string_view result_json) {
   auto result = nlohmann::json::parse(result_json, nullptr, false);
-  return nlohmann::json{{"ok", true},
-                        {"result", result.is_discarded()
-                                     ? nlohmann::json(result_json)
-                                     : result}}
+  return nlohmann::json{
+    {"ok", true},
+    {"result", result.is_discarded() ? nlohmann::json(result_json) : result}}
     .dump();
 }
 
@@ -130,7 +129,8 @@ admin_command parse_admin_command(const std::string& command,
     auto chip = chip_id::parse(args[0]);
     if (!chip)
       throw admin_error("throttle: expected a chip id \"<node>:<index>\", "
-                        "got \"" + args[0] + "\"");
+                        "got \"" +
+                        args[0] + "\"");
     double factor = 0;
     std::size_t used = 0;
     try {
@@ -141,7 +141,8 @@ admin_command parse_admin_command(const std::string& command,
     if (used == 0 || used != args[1].size() || !std::isfinite(factor) ||
         factor <= 0 || factor > 1000)
       throw admin_error("throttle: FACTOR must be a number in (0, 1000], "
-                        "got \"" + args[1] + "\"");
+                        "got \"" +
+                        args[1] + "\"");
     c.verb = admin_verb::throttle;
     c.chip = *chip;
     c.factor = factor;

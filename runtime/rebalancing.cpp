@@ -51,9 +51,8 @@ std::string status_json(const job_config& job, const plan& running,
                 {"stage", s},
                 {"layers", {st.first_layer, st.end_layer}},
                 {"recompute", st.recompute},
-                {"throttle", throttle == status.throttles.end()
-                               ? 1.0
-                               : throttle->second}};
+                {"throttle",
+                 throttle == status.throttles.end() ? 1.0 : throttle->second}};
       if (policy != nullptr && policy->calibration().steps() > 0) {
         const auto& cal = policy->calibration();
         c["compute_factor"] = cal.compute_factor(st.chip);

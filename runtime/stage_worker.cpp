@@ -220,7 +220,8 @@ double noise_draw(std::uint64_t seed, const chip_id& chip, std::int64_t step,
                   recorded_op kind, int micro_batch) {
   std::uint64_t x = seed;
   for (std::uint64_t v :
-       {static_cast<std::uint64_t>(chip.node), static_cast<std::uint64_t>(chip.index),
+       {static_cast<std::uint64_t>(chip.node),
+        static_cast<std::uint64_t>(chip.index),
         static_cast<std::uint64_t>(step), static_cast<std::uint64_t>(kind),
         static_cast<std::uint64_t>(micro_batch)}) {
     x += 0x9e3779b97f4a7c15ULL + v;
@@ -455,7 +456,8 @@ chip_update_report stage_worker::apply_update(const update_command& cmd) {
       model::adamw_update(*l, setup_.job->train, cmd.lr, cmd.step + 1,
                           cmd.clip_coefficient);
       auto s = device_->optimizer_seconds(l->parameter_count());
-      emulated_seconds = s && emulated_seconds >= 0 ? emulated_seconds + *s : -1;
+      emulated_seconds =
+        s && emulated_seconds >= 0 ? emulated_seconds + *s : -1;
     }
     device_->synchronize();
     chip_update_report r;

@@ -153,7 +153,8 @@ namespace {
 // The node side: a plan assignment must carry the coordinator's seal over
 // every field, or the node refuses it (it would otherwise build chips and
 // dial peers for whoever reached its actor).
-TEST(actors_control_node, an_assignment_without_the_coordinators_seal_is_refused) {
+TEST(actors_control_node,
+     an_assignment_without_the_coordinators_seal_is_refused) {
   caf::actor_system_config cfg;
   actors::configure_actor_system(cfg);
   actors::register_cluster_types(cfg);

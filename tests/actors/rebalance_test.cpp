@@ -116,8 +116,7 @@ TEST(actors_rebalance, a_throttled_chip_is_worked_around_with_the_policy_on) {
     << baseline;
   const double stuck = without.steps.back().step_seconds;
   EXPECT_GT(stuck, 1.10 * baseline)
-    << "policy off: " << stuck << " s/step against the baseline's "
-    << baseline;
+    << "policy off: " << stuck << " s/step against the baseline's " << baseline;
   EXPECT_TRUE(without.rebalances.empty());
 }
 

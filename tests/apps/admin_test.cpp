@@ -37,8 +37,7 @@ std::string admin_job(const std::filesystem::path& token, int steps) {
 
 std::filesystem::path write_token(const scratch_dir& dir,
                                   const std::string& name,
-                                  const std::string& text,
-                                  mode_t mode = 0600) {
+                                  const std::string& text, mode_t mode = 0600) {
   auto path = dir.write(name, text);
   ::chmod(path.c_str(), mode);
   return path;
@@ -107,8 +106,8 @@ protected:
                                        const std::filesystem::path& log) {
     auto launch = std::make_unique<child_process>(
       launch_binary,
-      std::vector<std::string>{job.string(), "--admin-port", "0",
-                               "--json-log", log.string()},
+      std::vector<std::string>{job.string(), "--admin-port", "0", "--json-log",
+                               log.string()},
       dir_ / "stdout.txt", dir_ / "stderr.txt");
     endpoint_ = endpoint_of(*launch);
     EXPECT_FALSE(endpoint_.empty()) << launch->out() << launch->err();
@@ -138,8 +137,8 @@ TEST_F(apps_admin, an_admin_steers_a_running_job) {
   // Paused: the step count holds still.
   auto paused = admin(token, {"pause"});
   ASSERT_EQ(paused.status.code, 0) << paused.err;
-  ASSERT_TRUE(launch.wait_until([&] { return status(token)["paused"].get<bool>(); },
-                                60s));
+  ASSERT_TRUE(launch.wait_until(
+    [&] { return status(token)["paused"].get<bool>(); }, 60s));
   const int held = status(token)["step"];
   std::this_thread::sleep_for(1s); // several steps' time
   EXPECT_EQ(status(token)["step"], held);
@@ -255,8 +254,8 @@ TEST_F(apps_admin, refused_requests_change_nothing) {
   refused(runtime::encode_admin_request(
             runtime::seal_admin_request(key, ++seq, "throttle", {"0:0", "0"})),
           "(0, 1000]");
-  refused(runtime::encode_admin_request(runtime::seal_admin_request(
-            key, ++seq, "throttle", {"7:0", "2"})),
+  refused(runtime::encode_admin_request(
+            runtime::seal_admin_request(key, ++seq, "throttle", {"7:0", "2"})),
           "no chip 7:0");
   const auto status_line = runtime::encode_admin_request(
     runtime::seal_admin_request(key, ++seq, "status", {}));

@@ -56,8 +56,7 @@ TEST(runtime_admin, malformed_requests_are_refused_with_a_reason) {
     {"stop", "not a JSON object"},
     {"[1, 2]", "not a JSON object"},
     {R"({"command": "stop", "args": [], "mac": "00"})", "no \"seq\""},
-    {R"({"seq": -1, "command": "stop", "args": [], "mac": "00"})",
-     "\"seq\""},
+    {R"({"seq": -1, "command": "stop", "args": [], "mac": "00"})", "\"seq\""},
     {R"({"seq": 1, "command": 5, "args": [], "mac": "00"})", "strings"},
     {R"({"seq": 1, "command": "stop", "args": "x", "mac": "00"})",
      "not an array"},
@@ -148,9 +147,9 @@ TEST(runtime_admin, the_token_file_must_be_private_and_long_enough) {
   EXPECT_NE(key_and_message(write("shared", "0123456789abcdef", 0640))
               .find("readable by group or others"),
             std::string::npos);
-  EXPECT_NE(key_and_message(write("short", "0123456789\n", 0600))
-              .find("at least 16"),
-            std::string::npos);
+  EXPECT_NE(
+    key_and_message(write("short", "0123456789\n", 0600)).find("at least 16"),
+    std::string::npos);
   const auto missing = key_and_message((dir / "none").string());
   EXPECT_EQ(missing.rfind("admin.token_file: ", 0), 0u) << missing;
   std::filesystem::remove_all(dir);

@@ -83,8 +83,7 @@ typename Inspector::result_type inspect(Inspector& f, layer_charge& x) {
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, link_charge& x) {
-  return f(caf::meta::type_name("link_charge"), x.from, x.seconds,
-           x.transfers);
+  return f(caf::meta::type_name("link_charge"), x.from, x.seconds, x.transfers);
 }
 
 template <class Inspector>
@@ -92,8 +91,7 @@ typename Inspector::result_type inspect(Inspector& f, chip_step_report& x) {
   return f(caf::meta::type_name("chip_step_report"), x.chip, x.replica, x.stage,
            x.first_layer, x.layer_squared_norms, x.loss, x.start, x.phase_end,
            x.forward_seconds, x.backward_seconds, x.idle_seconds, x.memory,
-           x.traffic, x.overruns, x.overrun_seconds, x.ops, x.layers,
-           x.links);
+           x.traffic, x.overruns, x.overrun_seconds, x.ops, x.layers, x.links);
 }
 
 template <class Inspector>

@@ -8,8 +8,8 @@
 // and a log line, and never reach the job.
 #pragma once
 
-#include "h2/runtime/admin.hpp"
 #include "h2/core/job.hpp"
+#include "h2/runtime/admin.hpp"
 #include "h2/transport/handshake.hpp"
 
 #include <atomic>

@@ -2,14 +2,14 @@
 // loading the job and the plan, the metrics endpoint, exporting the model.
 #pragma once
 
-#include "h2/runtime/admin.hpp"
 #include "h2/apps/admin_server.hpp"
-#include "h2/runtime/checkpoint_files.hpp"
-#include "h2/runtime/reports.hpp"
 #include "h2/core/job.hpp"
 #include "h2/core/plan.hpp"
 #include "h2/metrics/http_server.hpp"
 #include "h2/metrics/registry.hpp"
+#include "h2/runtime/admin.hpp"
+#include "h2/runtime/checkpoint_files.hpp"
+#include "h2/runtime/reports.hpp"
 
 #include <CLI/CLI.hpp>
 

@@ -34,9 +34,7 @@ public:
   rebalancer(std::shared_ptr<const job_config> job, const plan& current);
 
   scheduler::rebalance_policy& policy() noexcept { return policy_; }
-  const scheduler::rebalance_policy& policy() const noexcept {
-    return policy_;
-  }
+  const scheduler::rebalance_policy& policy() const noexcept { return policy_; }
 
 private:
   std::shared_ptr<const job_config> job_;
@@ -50,7 +48,7 @@ struct run_status {
   int steps = 0; ///< the run's last step
   int generation = 0;
   bool paused = false;
-  double last_step_seconds = 0; ///< run clock
+  double last_step_seconds = 0;        ///< run clock
   std::map<chip_id, double> throttles; ///< factors set by drills or admins
 };
 
