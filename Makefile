@@ -17,7 +17,7 @@ DEB_PACKAGES := \
   libgtest-dev libgmock-dev libbenchmark-dev libgloo-dev \
   python3-torch python3-numpy \
   libibverbs-dev librdmacm-dev libamdhip64-dev \
-  prometheus iproute2 procps
+  prometheus iproute2 procps openssl
 
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 

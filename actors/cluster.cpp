@@ -8,6 +8,9 @@
 #include "h2/transport/handshake.hpp"
 
 #include <caf/io/middleman.hpp>
+#include <caf/openssl/manager.hpp>
+#include <caf/openssl/publish.hpp>
+#include <caf/openssl/remote_actor.hpp>
 #include <caf/scoped_actor.hpp>
 #include <caf/send.hpp>
 
@@ -54,7 +57,27 @@ node_outcome cluster_node::run() {
   configure_actor_system(cfg);
   register_cluster_types(cfg);
   cfg.load<caf::io::middleman>();
+  const auto& security = job.security;
+  const bool tls = !security.certificate.empty();
+  if (tls) { // docs/transport.md, "TLS"
+    for (const auto& [key, path] :
+         {std::pair<const char*, const std::string*>{"security.certificate",
+                                                     &security.certificate},
+          {"security.key", &security.key},
+          {"security.ca_file", &security.ca_file}})
+      if (::access(path->c_str(), R_OK) != 0)
+        throw config_error(key, "cannot read \"" + *path + "\"");
+    cfg.openssl_certificate = security.certificate;
+    cfg.openssl_key = security.key;
+    cfg.openssl_cafile = security.ca_file;
+    cfg.load<caf::openssl::manager>();
+  }
   caf::actor_system system{cfg};
+  if (tls && options_.log)
+    options_.log("node " + std::to_string(options_.rank) +
+                 ": actor messages between nodes over TLS (peers' "
+                 "certificates checked against " +
+                 security.ca_file + ")");
 
   transport::endpoint_options eo;
   eo.node_rank = options_.rank;
@@ -79,8 +102,10 @@ node_outcome cluster_node::run() {
     coordinator =
       spawn_coordinator(system, options_, caf::actor{self}, shared_->writer);
     auto port =
-      system.middleman().publish(coordinator, options_.coordinator_port,
-                                 options_.coordinator_host.c_str(), true);
+      tls ? caf::openssl::publish(coordinator, options_.coordinator_port,
+                                  options_.coordinator_host.c_str(), true)
+          : system.middleman().publish(coordinator, options_.coordinator_port,
+                                       options_.coordinator_host.c_str(), true);
     if (!port) {
       self->send_exit(coordinator, caf::exit_reason::user_shutdown);
       throw config_error("--coordinator", "cannot listen on " + where + ": " +
@@ -91,8 +116,11 @@ node_outcome cluster_node::run() {
   } else {
     auto deadline = std::chrono::steady_clock::now() + options_.join_timeout;
     for (;;) {
-      auto c = system.middleman().remote_actor(options_.coordinator_host,
-                                               options_.coordinator_port);
+      auto c = tls
+                 ? caf::openssl::remote_actor(system, options_.coordinator_host,
+                                              options_.coordinator_port)
+                 : system.middleman().remote_actor(options_.coordinator_host,
+                                                   options_.coordinator_port);
       if (c) {
         coordinator = *c;
         break;

@@ -589,7 +589,21 @@ void read_security(table_reader& root, job_config& job) {
   auto t = root.maybe_table("security");
   if (!t)
     return;
-  job.security.secret_file = t->optional<std::string>("secret_file", "");
+  auto& sec = job.security;
+  sec.secret_file = t->optional<std::string>("secret_file", "");
+  sec.certificate = t->optional<std::string>("certificate", "");
+  sec.key = t->optional<std::string>("key", "");
+  sec.ca_file = t->optional<std::string>("ca_file", "");
+  const bool any =
+    !sec.certificate.empty() || !sec.key.empty() || !sec.ca_file.empty();
+  for (const auto& [name, value] : {std::pair<const char*, const std::string*>{
+                                      "certificate", &sec.certificate},
+                                    {"key", &sec.key},
+                                    {"ca_file", &sec.ca_file}})
+    if (any && value->empty())
+      throw config_error(t->path(name),
+                         "missing: TLS needs certificate, key and ca_file "
+                         "together (docs/transport.md, TLS)");
   t->finish();
 }
 

@@ -84,6 +84,20 @@ protected:
     return child.err();
   }
 
+  /// Starts h2-node rank 0 of a 2-node `job` (coordinator on any free
+  /// port, stdout in out0.txt).
+  std::unique_ptr<child_process>
+  start_rank0(const std::filesystem::path& job,
+              const std::filesystem::path& secret) {
+    return std::make_unique<child_process>(
+      node_binary,
+      std::vector<std::string>{"--job", job.string(), "--node-rank", "0",
+                               "--world-size", "2", "--coordinator",
+                               "127.0.0.1:0", "--secret-file", secret.string(),
+                               "--no-metrics"},
+      dir_ / "out0.txt", dir_ / "err0.txt");
+  }
+
   scratch_dir dir_;
 };
 
@@ -260,11 +274,8 @@ TEST_F(apps_cluster, a_node_without_the_secret_is_refused) {
   auto job = dir_.write("job.toml", small_job);
   auto secret = dir_.write("secret", "0123456789abcdef0123456789abcdef");
   auto wrong = dir_.write("wrong", "fedcba9876543210fedcba9876543210");
-  child_process rank0(node_binary,
-                      {"--job", job.string(), "--node-rank", "0",
-                       "--world-size", "2", "--coordinator", "127.0.0.1:0",
-                       "--secret-file", secret.string(), "--no-metrics"},
-                      dir_ / "out0.txt", dir_ / "err0.txt");
+  auto started = start_rank0(job, secret);
+  auto& rank0 = *started;
   const std::string coordinator = coordinator_of(rank0);
   ASSERT_FALSE(coordinator.empty()) << rank0.err();
   auto r = run_to_end(node_binary,
@@ -280,6 +291,72 @@ TEST_F(apps_cluster, a_node_without_the_secret_is_refused) {
   // The coordinator still waits for a real node 1; nothing reached node 1.
   EXPECT_TRUE(rank0.running());
   EXPECT_TRUE(step_lines(rank0.out()).empty());
+}
+
+/// Writes a test CA, a node certificate it signed (ca.pem, node.pem,
+/// node.key) and a self-signed intruder (other.pem, other.key) into `dir`
+/// with the openssl command line tool. False when it fails.
+bool write_certificates(const scratch_dir& dir) {
+  const std::string d = dir.path().string();
+  const std::string quiet = " >/dev/null 2>&1";
+  const std::string cmd =
+    "cd '" + d +
+    "' && openssl req -x509 -newkey rsa:2048 -nodes -keyout "
+    "ca.key -out ca.pem -days 2 -subj /CN=h2-test-ca" +
+    quiet +
+    " && openssl req -newkey rsa:2048 -nodes -keyout node.key -out node.csr "
+    "-subj /CN=h2-node" +
+    quiet +
+    " && openssl x509 -req -in node.csr -CA ca.pem -CAkey ca.key "
+    "-CAcreateserial -out node.pem -days 2" +
+    quiet +
+    " && openssl req -x509 -newkey rsa:2048 -nodes -keyout other.key -out "
+    "other.pem -days 2 -subj /CN=intruder" +
+    quiet;
+  return std::system(cmd.c_str()) == 0;
+}
+
+// [security] certificate/key/ca_file: the nodes' actor systems talk TLS
+// with certificates checked against the CA (docs/transport.md, "TLS"). A
+// client with a certificate the CA did not sign, or none, fails the TLS
+// handshake with the coordinator before any actor message; a node with
+// the CA's certificate joins and the job trains.
+TEST_F(apps_cluster, nodes_talk_tls_and_refuse_certificates_of_another_ca) {
+  ASSERT_TRUE(write_certificates(dir_)) << "openssl failed";
+  const std::string d = dir_.path().string();
+  auto job =
+    dir_.write("job.toml", small_job + "\n[security]\ncertificate = \"" + d +
+                             "/node.pem\"\nkey = \"" + d +
+                             "/node.key\"\nca_file = \"" + d + "/ca.pem\"\n");
+  auto secret = dir_.write("secret", "0123456789abcdef0123456789abcdef");
+  auto started = start_rank0(job, secret);
+  auto& rank0 = *started;
+  const std::string coordinator = coordinator_of(rank0);
+  ASSERT_FALSE(coordinator.empty()) << rank0.err();
+  EXPECT_NE(rank0.out().find("over TLS"), std::string::npos) << rank0.out();
+  auto handshake = [&](const std::string& cert) {
+    std::string cmd = "openssl s_client -connect " + coordinator +
+                      " -tls1_2 -CAfile '" + d +
+                      "/ca.pem' -verify_return_error";
+    if (!cert.empty())
+      cmd +=
+        " -cert '" + d + "/" + cert + ".pem' -key '" + d + "/" + cert + ".key'";
+    cmd += " </dev/null >'" + d + "/s_client.txt' 2>&1";
+    return std::system(cmd.c_str());
+  };
+  // The openssl tool completes a handshake only with the CA's certificate.
+  EXPECT_NE(handshake("other"), 0) << read_text(dir_ / "s_client.txt");
+  EXPECT_NE(handshake(""), 0) << read_text(dir_ / "s_client.txt");
+  EXPECT_EQ(handshake("node"), 0) << read_text(dir_ / "s_client.txt");
+  auto r = run_to_end(node_binary,
+                      {"--job", job.string(), "--node-rank", "1",
+                       "--world-size", "2", "--coordinator", coordinator,
+                       "--secret-file", secret.string(), "--no-metrics"},
+                      dir_, run_timeout);
+  EXPECT_EQ(r.status.code, 0) << r.status.describe() << r.err;
+  auto end = rank0.wait(run_timeout);
+  EXPECT_EQ(end.code, 0) << end.describe() << rank0.err();
+  EXPECT_EQ(step_lines(rank0.out()).size(), 20u);
 }
 
 TEST_F(apps_cluster, layers_moved_live_over_two_nodes_train_as_if_not) {

@@ -224,6 +224,12 @@ struct security_config {
   /// The job's secret (a token file every node reads); required when the
   /// job runs in several processes.
   std::string secret_file;
+  /// TLS between the nodes' actor systems (docs/transport.md, "TLS"): this
+  /// node's certificate and private key (PEM) and the CA file its peers'
+  /// certificates must be signed by. All three or none ("": no TLS).
+  std::string certificate;
+  std::string key;
+  std::string ca_file;
 };
 
 /// A validated job.
