@@ -114,9 +114,11 @@ chips = ["emulated:h100-sxm", "emulated:mi250x",
 
   auto run = [&](const std::filesystem::path& job, int nodes,
                  const std::string& name) {
+    // 5 steps: the demo's live rebalancing moves layers before step 4 in
+    // every run, by the same decision.
     std::vector<std::string> args = {
       job.string(), "--steps",
-      "3",          "--no-metrics",
+      "5",          "--no-metrics",
       "--export",   (dir_ / (name + ".safetensors")).string(),
       "--json-log", (dir_ / (name + ".jsonl")).string()};
     if (nodes > 1)
@@ -144,12 +146,29 @@ chips = ["emulated:h100-sxm", "emulated:mi250x",
   }
 
   auto reference = logged_losses(dir_ / "one.jsonl");
-  ASSERT_EQ(reference.size(), 3u);
+  ASSERT_EQ(reference.size(), 5u);
   const auto params = read_text(dir_ / "one.safetensors");
   ASSERT_FALSE(params.empty());
+  // The plans a run's rebalances moved to, without chip ids (they differ
+  // between the node layouts).
+  const auto rebalances_of = [&](const std::string& name) {
+    auto out = events(json_log(read_text(dir_ / (name + ".jsonl"))),
+                      "rebalance");
+    for (auto& e : out)
+      for (auto& r : e["plan"]["replicas"])
+        for (auto& st : r["stages"])
+          st.erase("chip");
+    return out;
+  };
+  const auto moved = rebalances_of("one");
+  ASSERT_EQ(moved.size(), 1u);
+  EXPECT_EQ(moved[0]["step"], 3);
   for (const char* name : {"two", "four", "two-tcp", "four-tcp"}) {
     EXPECT_EQ(logged_losses(dir_ / (std::string(name) + ".jsonl")), reference)
       << name;
+    const auto r = rebalances_of(name);
+    ASSERT_EQ(r.size(), 1u) << name;
+    EXPECT_EQ(r[0]["plan"], moved[0]["plan"]) << name;
     EXPECT_TRUE(read_text(dir_ / (std::string(name) + ".safetensors")) ==
                 params)
       << name << ": the trained parameters differ from the single process's";
