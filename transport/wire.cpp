@@ -136,6 +136,19 @@ frame_header decode(const std::byte* in, std::uint64_t max_payload_bytes) {
   h.tag = get<std::uint64_t>(in, 8);
   h.virtual_clock = get<double>(in, 16);
   h.wall_clock = get<double>(in, 24);
+  // Clocks are seconds since the run's origin: a NaN, an infinity, a
+  // negative (virtual) or an absurd value would corrupt the receiving
+  // chip's clock. Another host's wall clock may run a little behind the
+  // origin (skew between hosts), not more than max_clock_skew_seconds.
+  if (!(h.virtual_clock >= 0 && h.virtual_clock < max_clock_seconds))
+    corrupt("virtual clock of " + std::to_string(h.virtual_clock) +
+            " s (expected 0 to " + std::to_string(max_clock_seconds) +
+            " s since the run's origin)");
+  if (!(h.wall_clock > -max_clock_skew_seconds &&
+        h.wall_clock < max_clock_seconds))
+    corrupt("wall clock of " + std::to_string(h.wall_clock) + " s (expected " +
+            std::to_string(-max_clock_skew_seconds) + " to " +
+            std::to_string(max_clock_seconds) + " s since the run's origin)");
   h.payload_bytes = get<std::uint64_t>(in, 32);
   h.payload_crc = get<std::uint32_t>(in, 40);
   if (h.payload_bytes > max_payload_bytes)

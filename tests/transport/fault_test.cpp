@@ -9,6 +9,8 @@
 
 #include <gtest/gtest.h>
 
+#include <limits>
+
 #include <ATen/ops/arange.h>
 
 #include <csignal>
@@ -348,7 +350,7 @@ TEST(transport_frames, wire_header_round_trips) {
   h.flags = wire::flag::tensor | wire::flag::payload_crc;
   h.tag = 0x123456789abcdefULL;
   h.virtual_clock = 1.5;
-  h.wall_clock = -2.25;
+  h.wall_clock = -2.25; // another host behind the origin
   h.payload_bytes = 2 * 3 * 4 * 2;
   h.payload_crc = 77;
   h.dtype = wire::dtype_code::bfloat16;
@@ -365,6 +367,44 @@ TEST(transport_frames, wire_header_round_trips) {
   EXPECT_EQ(back.shape[2], 4);
   // A payload over the limit is refused before anything is allocated.
   EXPECT_THROW(wire::decode(bytes.data(), 10), transport_error);
+}
+
+// Issue 13, item 4: a peer's clock fields reach a chip's clock; one that is
+// not a time since the run's origin is refused at the header.
+TEST(transport_frames, a_forged_clock_field_is_a_corrupt_frame) {
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  const double inf = std::numeric_limits<double>::infinity();
+  for (bool virtual_field : {true, false}) {
+    std::vector<double> bad = {nan,   inf,
+                               -inf,  wire::max_clock_seconds,
+                               1e300, -wire::max_clock_skew_seconds,
+                               -1e9};
+    if (virtual_field) // the virtual clock starts at the origin
+      bad.insert(bad.end(), {-1e-9, -5.0});
+    for (double value : bad) {
+      wire::frame_header h;
+      h.kind = wire::frame_kind::data;
+      (virtual_field ? h.virtual_clock : h.wall_clock) = value;
+      auto bytes = header_of(h);
+      try {
+        wire::decode(bytes.data(), 1 << 20);
+        ADD_FAILURE() << "accepted a clock of " << value;
+      } catch (const transport_error& e) {
+        EXPECT_EQ(e.code(), transport_errc::corrupt_frame);
+        EXPECT_NE(std::string(e.what()).find(virtual_field ? "virtual clock"
+                                                           : "wall clock"),
+                  std::string::npos)
+          << e.what();
+      }
+    }
+  }
+  wire::frame_header ok; // a host 5 s behind the origin is skew, not forgery
+  ok.virtual_clock = wire::max_clock_seconds / 2;
+  ok.wall_clock = -5;
+  auto bytes = header_of(ok);
+  const auto back = wire::decode(bytes.data(), 1 << 20);
+  EXPECT_EQ(back.virtual_clock, ok.virtual_clock);
+  EXPECT_EQ(back.wall_clock, -5);
 }
 
 TEST(transport_frames, dtype_codes_round_trip_with_their_element_sizes) {

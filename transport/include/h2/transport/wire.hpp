@@ -86,12 +86,21 @@ struct frame_header {
   std::array<std::int64_t, max_dims> shape{};
 };
 
+/// Clock fields are seconds since the run's origin, below this (32,000
+/// years: a bound, not a date); the virtual clock is never negative, the
+/// wall clock of another host may be behind the origin by less than
+/// max_clock_skew_seconds. Anything else in a header is a corrupt frame.
+inline constexpr double max_clock_seconds = 1e12;
+inline constexpr double max_clock_skew_seconds = 3600;
+
 /// Writes `h` (and its header CRC) into `out[0, header_bytes)`.
 void encode(const frame_header& h, std::byte* out) noexcept;
 
 /// Reads and validates a header. Throws transport_error: protocol_mismatch
 /// for another magic or version, corrupt_frame for a bad CRC, unknown kind,
-/// dtype or flags, non-zero reserved bytes, more than max_dims dimensions,
+/// dtype or flags, a clock field that is not finite or out of range
+/// (max_clock_seconds), non-zero reserved bytes, more than max_dims
+/// dimensions,
 /// negative or overflowing shapes, a tensor shape that does not match the
 /// payload size, or a payload larger than `max_payload_bytes`.
 frame_header decode(const std::byte* in, std::uint64_t max_payload_bytes);
