@@ -7,6 +7,10 @@
 #include <openssl/evp.h>
 #include <openssl/hmac.h>
 
+#include <sys/stat.h>
+
+#include <cerrno>
+#include <cstring>
 #include <fstream>
 #include <sstream>
 
@@ -20,6 +24,14 @@ job_secret::job_secret(std::string bytes) : bytes_(std::move(bytes)) {
 
 std::string read_token_file(const std::string& path, const std::string& key,
                             const std::string& what) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0)
+    throw config_error(key, "cannot read " + what + " \"" + path +
+                              "\": " + std::strerror(errno));
+  if ((st.st_mode & (S_IRWXG | S_IRWXO)) != 0)
+    throw config_error(key, what + " \"" + path +
+                              "\" is readable by group or others: chmod 600 "
+                              "it");
   std::ifstream in(path, std::ios::binary);
   if (!in)
     throw config_error(key, "cannot read " + what + " \"" + path + "\"");
@@ -29,8 +41,10 @@ std::string read_token_file(const std::string& path, const std::string& key,
   while (!s.empty() && (s.back() == '\n' || s.back() == '\r' ||
                         s.back() == ' ' || s.back() == '\t'))
     s.pop_back();
-  if (s.empty())
-    throw config_error(key, what + " \"" + path + "\" is empty");
+  if (s.size() < min_token_bytes)
+    throw config_error(
+      key, what + " \"" + path + "\" has " + std::to_string(s.size()) +
+             " bytes; it needs at least " + std::to_string(min_token_bytes));
   return s;
 }
 

@@ -63,6 +63,15 @@ std::filesystem::path scratch_dir::write(const std::string& name,
   return p;
 }
 
+std::filesystem::path
+scratch_dir::write_private(const std::string& name,
+                           const std::string& text) const {
+  auto p = write(name, text);
+  std::filesystem::permissions(p, std::filesystem::perms::owner_read |
+                                    std::filesystem::perms::owner_write);
+  return p;
+}
+
 std::string read_text(const std::filesystem::path& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in)

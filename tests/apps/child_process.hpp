@@ -35,6 +35,10 @@ public:
   std::filesystem::path write(const std::string& name,
                               const std::string& text) const;
 
+  /// write(), then chmod 600 (secrets and tokens must be private).
+  std::filesystem::path write_private(const std::string& name,
+                                      const std::string& text) const;
+
 private:
   std::filesystem::path path_;
 };

@@ -265,7 +265,8 @@ TEST_F(apps_cluster, every_node_serves_metrics_listed_in_file_sd) {
 
 TEST_F(apps_cluster, nodes_take_rank_and_coordinator_from_the_environment) {
   auto job = dir_.write("job.toml", small_job);
-  auto secret = dir_.write("secret", "0123456789abcdef0123456789abcdef");
+  auto secret =
+    dir_.write_private("secret", "0123456789abcdef0123456789abcdef");
   child_process rank0(node_binary,
                       {"--job", job.string(), "--node-rank", "0",
                        "--world-size", "2", "--coordinator", "127.0.0.1:0",
@@ -291,8 +292,9 @@ TEST_F(apps_cluster, nodes_take_rank_and_coordinator_from_the_environment) {
 
 TEST_F(apps_cluster, a_node_without_the_secret_is_refused) {
   auto job = dir_.write("job.toml", small_job);
-  auto secret = dir_.write("secret", "0123456789abcdef0123456789abcdef");
-  auto wrong = dir_.write("wrong", "fedcba9876543210fedcba9876543210");
+  auto secret =
+    dir_.write_private("secret", "0123456789abcdef0123456789abcdef");
+  auto wrong = dir_.write_private("wrong", "fedcba9876543210fedcba9876543210");
   auto started = start_rank0(job, secret);
   auto& rank0 = *started;
   const std::string coordinator = coordinator_of(rank0);
@@ -347,7 +349,8 @@ TEST_F(apps_cluster, nodes_talk_tls_and_refuse_certificates_of_another_ca) {
     dir_.write("job.toml", small_job + "\n[security]\ncertificate = \"" + d +
                              "/node.pem\"\nkey = \"" + d +
                              "/node.key\"\nca_file = \"" + d + "/ca.pem\"\n");
-  auto secret = dir_.write("secret", "0123456789abcdef0123456789abcdef");
+  auto secret =
+    dir_.write_private("secret", "0123456789abcdef0123456789abcdef");
   auto started = start_rank0(job, secret);
   auto& rank0 = *started;
   const std::string coordinator = coordinator_of(rank0);
@@ -376,6 +379,31 @@ TEST_F(apps_cluster, nodes_talk_tls_and_refuse_certificates_of_another_ca) {
   auto end = rank0.wait(run_timeout);
   EXPECT_EQ(end.code, 0) << end.describe() << rank0.err();
   EXPECT_EQ(step_lines(rank0.out()).size(), 20u);
+}
+
+// Issue 13, item 7: a secret others can read, or too short to resist a
+// guess, is refused before anything starts (one line, exit 2).
+TEST_F(apps_cluster, a_shared_or_short_secret_file_is_refused) {
+  auto job = dir_.write("job.toml", small_job);
+  const auto shared = dir_.write("shared", "0123456789abcdef0123456789abcdef");
+  std::filesystem::permissions(shared, std::filesystem::perms::owner_read |
+                                         std::filesystem::perms::owner_write |
+                                         std::filesystem::perms::group_read);
+  const auto short_secret = dir_.write_private("short", "0123456789");
+  for (const auto& [file, reason] :
+       std::vector<std::pair<std::filesystem::path, std::string>>{
+         {shared, "readable by group or others"},
+         {short_secret, "needs at least 16"}}) {
+    auto r = run_to_end(node_binary,
+                        {"--job", job.string(), "--node-rank", "0",
+                         "--world-size", "2", "--coordinator", "127.0.0.1:0",
+                         "--secret-file", file.string(), "--no-metrics"},
+                        dir_, run_timeout);
+    EXPECT_EQ(r.status.code, 2) << r.status.describe() << r.err;
+    EXPECT_NE(r.err.find("security.secret_file"), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find(reason), std::string::npos) << r.err;
+    expect_one_line(r.err);
+  }
 }
 
 TEST_F(apps_cluster, layers_moved_live_over_two_nodes_train_as_if_not) {
@@ -416,7 +444,8 @@ TEST_F(apps_cluster, nodes_that_see_other_checkpoint_directories_refuse) {
   // two directories, as unshared storage would give.
   auto job =
     dir_.write("job.toml", small_job + "\n[checkpoint]\ndir = \"ck\"\n");
-  auto secret = dir_.write("secret", "0123456789abcdef0123456789abcdef");
+  auto secret =
+    dir_.write_private("secret", "0123456789abcdef0123456789abcdef");
   std::filesystem::create_directories(dir_ / "a");
   std::filesystem::create_directories(dir_ / "b");
   auto node_in = [&](const std::string& cwd, int rank,
@@ -450,7 +479,8 @@ TEST_F(apps_cluster, nodes_that_see_other_checkpoint_directories_refuse) {
 
 TEST_F(apps_cluster, bad_node_flags_are_one_line_errors) {
   auto job = dir_.write("job.toml", small_job);
-  auto secret = dir_.write("secret", "0123456789abcdef0123456789abcdef");
+  auto secret =
+    dir_.write_private("secret", "0123456789abcdef0123456789abcdef");
   struct bad_case {
     std::vector<std::string> args;
     std::string expect;
@@ -529,7 +559,8 @@ TEST_F(apps_cluster, two_hosts_train_over_tcp) {
     GTEST_SKIP() << "cannot create network namespaces here (needs root or "
                     "CAP_SYS_ADMIN and iproute2)";
   auto job = dir_.write("job.toml", small_job);
-  auto secret = dir_.write("secret", "0123456789abcdef0123456789abcdef");
+  auto secret =
+    dir_.write_private("secret", "0123456789abcdef0123456789abcdef");
   child_process rank0("/usr/sbin/ip",
                       {"netns", "exec", hosts.a(), node_binary, "--job",
                        job.string(), "--node-rank", "0", "--world-size", "2",

@@ -23,8 +23,9 @@ class job_secret {
 public:
   explicit job_secret(std::string bytes);
 
-  /// Reads a token file; trailing white space is ignored. Throws
-  /// config_error (key `security.secret_file`) when unreadable or empty.
+  /// Reads a token file (read_token_file: private, at least 16 bytes,
+  /// trailing white space ignored). Throws config_error at
+  /// `security.secret_file`.
   static job_secret from_file(const std::string& path);
 
   /// HMAC-SHA256 of `message` under the secret.
@@ -34,9 +35,14 @@ private:
   std::string bytes_;
 };
 
-/// The text of a secret or token file, trailing white space removed.
-/// Throws config_error at `key` ("cannot read <what> \"path\"", or "...
-/// is empty").
+/// Bytes a secret or token must have at least.
+inline constexpr std::size_t min_token_bytes = 16;
+
+/// The text of a secret or token file, trailing white space removed. The
+/// file must not be readable by group or others and must hold at least
+/// min_token_bytes. Throws config_error at `key` naming the file and what
+/// is wrong ("<what> \"path\" is readable by group or others: chmod 600
+/// it").
 std::string read_token_file(const std::string& path, const std::string& key,
                             const std::string& what);
 
