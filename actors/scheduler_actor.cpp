@@ -56,6 +56,11 @@ struct scheduler_state {
     std::string reason;
     double before_seconds = 0;
     double after_seconds = 0;
+
+    /// What the policy proposed (its plan, reason and predictions).
+    static pending_plan of(const scheduler::rebalance_proposal& p) {
+      return {p.value, p.reason, p.before_seconds, p.after_seconds};
+    }
   };
   std::optional<pending_plan> pending;
   int generation = 0;         ///< plans adopted since the start
@@ -276,9 +281,7 @@ void on_updates(self_ptr self, const runtime::update_decision& decision,
       auto proposal = st.rebalancer->policy().observe(
         runtime::observations_of(st.step, steps, updates));
       if (proposal)
-        st.pending = scheduler_state::pending_plan{
-          std::move(proposal->value), std::move(proposal->reason),
-          proposal->before_seconds, proposal->after_seconds};
+        st.pending = scheduler_state::pending_plan::of(*proposal);
     } catch (...) {
       fail(self, current_exception_error());
       return;
@@ -531,8 +534,7 @@ std::string admin(self_ptr self, const runtime::admin_command& cmd) {
         if (!p)
           throw admin_error("no plan within the live limits is predicted "
                             "faster than the running one");
-        st.pending = scheduler_state::pending_plan{
-          p->value, p->reason, p->before_seconds, p->after_seconds};
+        st.pending = scheduler_state::pending_plan::of(*p);
         return "{\"scheduled\":true,\"predicted_step_seconds\":[" +
                std::to_string(p->before_seconds) + "," +
                std::to_string(p->after_seconds) +
