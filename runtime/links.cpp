@@ -1,9 +1,39 @@
 #include "h2/runtime/links.hpp"
 
 #include "h2/core/error.hpp"
+#include "h2/core/model_config.hpp"
 #include "h2/transport/inproc/backend.hpp"
 
+#include <algorithm>
+
 namespace h2::runtime {
+
+transport::channel_limits channel_limits_of(const job_config& job,
+                                            const plan& p) {
+  const gpt_config& model = job.model;
+  std::int64_t largest_layer = 0;
+  for (int l = 0; l < model.num_layers(); ++l)
+    largest_layer = std::max(largest_layer, layer_parameters(model, l));
+  int micro_batch_size = 1, micro_batches = 1;
+  for (const auto& r : p.replicas) {
+    micro_batch_size = std::max(micro_batch_size, r.micro_batch_size);
+    micro_batches = std::max(micro_batches, r.micro_batches);
+  }
+  const std::uint64_t layer_state =
+                        static_cast<std::uint64_t>(largest_layer) * 12,
+                      activations =
+                        static_cast<std::uint64_t>(micro_batch_size) *
+                        static_cast<std::uint64_t>(model.seq_len) *
+                        static_cast<std::uint64_t>(model.d_model) * 4;
+  transport::channel_limits limits;
+  limits.max_payload_bytes =
+    3 * std::max({layer_state, activations, job.transport.bucket_bytes});
+  limits.max_unawaited =
+    2 * static_cast<std::size_t>(micro_batches) *
+      static_cast<std::size_t>(std::max(1, job.train.eval_batches)) +
+    4;
+  return limits;
+}
 
 std::map<int, std::vector<link_assignment>>
 assign_links(const plan& p,

@@ -1,6 +1,7 @@
 #include "h2/runtime/stage_worker.hpp"
 
 #include "h2/model/optim.hpp"
+#include "h2/runtime/links.hpp"
 #include "h2/transport/collectives.hpp"
 #include "h2/transport/tags.hpp"
 
@@ -47,6 +48,9 @@ stage_worker::stage_worker(worker_setup setup) : setup_(std::move(setup)) {
     *setup_.chip, job.emulation,
     devices::chip_clock(job.emulation.clock, setup_.origin, setup_.cancel),
     job.train.threads_per_chip);
+  for (auto& [peer, link] : setup_.peers)
+    if (link.channel) // this plan's bounds, also on kept channels
+      link.channel->set_limits(setup_.limits);
   devices::thread_binding bind(*device_);
   const auto& a = setup_.assignment;
   stage_ = std::make_unique<model::stage>(job.model, a.first_layer, a.end_layer,
@@ -88,6 +92,7 @@ make_worker_setups(const std::shared_ptr<const job_config>& job,
                    const std::shared_ptr<const cancellation>& cancel) {
   std::vector<worker_setup> out;
   const auto groups = reduction_groups(p);
+  const auto limits = channel_limits_of(*job, p);
   int first_sequence = 0;
   for (std::size_t ri = 0; ri < p.replicas.size(); ++ri) {
     const auto& r = p.replicas[ri];
@@ -106,6 +111,7 @@ make_worker_setups(const std::shared_ptr<const job_config>& job,
       w.micro_batches = r.micro_batches;
       w.first_sequence = first_sequence;
       w.schedule = p.schedule;
+      w.limits = limits;
       w.origin = origin;
       w.cancel = cancel;
       if (s > 0) {

@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cstring>
 #include <fstream>
+#include <system_error>
 #include <unistd.h>
 
 namespace h2::transport {
@@ -145,7 +146,8 @@ std::string choose_backend(const endpoint_address& a,
   throw config_error("transport.backend", "no backend connects " + nodes(a, b));
 }
 
-endpoint::endpoint(endpoint_options options) : options_(std::move(options)) {
+endpoint::endpoint(endpoint_options options)
+    : options_(std::move(options)), report_refusal_(options_.log) {
   H2_ENFORCE(options_.secret != nullptr, "an endpoint needs the job's secret");
   address_.node_rank = options_.node_rank;
   address_.host_id = this_host_id();
@@ -174,33 +176,123 @@ backend& endpoint::find(std::string_view name) {
 }
 
 void endpoint::on_connection(backend& b, std::unique_ptr<byte_link> link) {
-  std::lock_guard<std::mutex> guard(mutex_);
+  const std::string peer = link->peer();
+  std::unique_lock<std::mutex> lock(mutex_);
   if (stopped_)
     return;
-  handshakes_.emplace_back([this, &b, l = std::move(link)]() mutable {
+  reap_locked();
+  const std::size_t most =
+    std::max<std::size_t>(options_.max_pending_handshakes, 1);
+  if (handshakes_.size() >= most) {
+    // Cut off the oldest connection that has not proved the secret: a
+    // dialer that knows it proves it within a round trip, so only silent
+    // or slow peers are ever the oldest. Then wait for its thread, so that
+    // threads never outnumber the slots.
+    auto oldest = std::find_if(
+      handshakes_.begin(), handshakes_.end(),
+      [](const handshake_slot& s) { return !s.proved && s.link != nullptr; });
+    if (oldest != handshakes_.end()) {
+      oldest->link->shutdown(); // its thread refuses it
+      oldest->link = nullptr;
+    }
+    handshake_done_.wait_for(lock, std::chrono::seconds(1), [&] {
+      return stopped_ ||
+             std::any_of(handshakes_.begin(), handshakes_.end(),
+                         [](const handshake_slot& s) { return s.done; });
+    });
+    if (stopped_)
+      return;
+    reap_locked();
+    if (handshakes_.size() >= most) {
+      const std::size_t busy = handshakes_.size();
+      lock.unlock();
+      refuse(std::string(b.name()) + ": refused " + peer + ": " +
+             std::to_string(busy) + " handshakes in progress already");
+      return;
+    }
+  }
+  auto& slot = handshakes_.emplace_back();
+  slot.link = link.get();
+  try {
+    slot.thread = std::thread([this, &b, &slot, l = std::move(link)]() mutable {
+      run_handshake(b, std::move(l), slot);
+    });
+  } catch (const std::system_error& e) {
+    // No thread left in the process: refuse this one, keep listening.
+    handshakes_.pop_back();
+    lock.unlock();
+    refuse(std::string(b.name()) + ": refused " + peer +
+           ": cannot start its handshake: " + e.what());
+  }
+}
+
+void endpoint::run_handshake(backend& b, std::unique_ptr<byte_link> link,
+                             handshake_slot& slot) {
+  const std::string peer = link->peer();
+  std::string why;
+  try {
     auto until = std::chrono::steady_clock::now() + options_.handshake_timeout;
-    try {
-      auto hs = accept_handshake(*l, *options_.secret,
-                                 static_cast<std::uint32_t>(
-                                   options_.node_rank),
-                                 until);
-      auto data = b.upgrade(std::move(l), true, until);
-      auto ch = std::make_unique<framed_channel>(std::move(data),
-                                                 options_.framing);
+    auto hs =
+      accept_handshake(*link, *options_.secret,
+                       static_cast<std::uint32_t>(options_.node_rank), until);
+    {
       std::lock_guard<std::mutex> g(mutex_);
-      if (stopped_ || accepted_.count(hs.channel) != 0) {
-        ++refused_;
-        return;
-      }
+      if (slot.link == nullptr) // cut off as the handshake finished
+        throw transport_error(transport_errc::cancelled, "cut off");
+      slot.proved = true;
+      slot.link = nullptr;
+    }
+    auto data = b.upgrade(std::move(link), true, until);
+    auto ch =
+      std::make_unique<framed_channel>(std::move(data), options_.framing);
+    std::lock_guard<std::mutex> g(mutex_);
+    if (!stopped_ && accepted_.count(hs.channel) == 0) {
       accepted_.emplace(hs.channel, std::move(ch));
       arrived_.notify_all();
-    } catch (const std::exception&) {
-      // A peer without the secret, another protocol, or garbage: refused.
-      // The dialer learns why from its own handshake.
-      std::lock_guard<std::mutex> g(mutex_);
-      ++refused_;
+      slot.done = true;
+      handshake_done_.notify_all();
+      return;
     }
-  });
+    why = "channel " + std::to_string(hs.channel) + " is connected already";
+  } catch (const std::exception& e) {
+    // A peer without the secret, another protocol, garbage, silence past
+    // the timeout, or cut off for a newer connection: refused. The dialer
+    // learns why from its own handshake.
+    why = e.what();
+  }
+  bool stopping = false;
+  {
+    std::lock_guard<std::mutex> g(mutex_);
+    slot.link = nullptr; // before the link goes: nobody cuts it off now
+    stopping = stopped_;
+  }
+  link.reset(); // the descriptor goes before the slot is reaped
+  if (!stopping)
+    refuse(std::string(b.name()) + ": refused " + peer + ": " + why);
+  std::lock_guard<std::mutex> g(mutex_);
+  slot.done = true;
+  handshake_done_.notify_all();
+}
+
+void endpoint::reap_locked() {
+  for (auto it = handshakes_.begin(); it != handshakes_.end();) {
+    if (!it->done) {
+      ++it;
+      continue;
+    }
+    // done is its thread's last write under the mutex: the join is short.
+    if (it->thread.joinable())
+      it->thread.join();
+    it = handshakes_.erase(it);
+  }
+}
+
+void endpoint::refuse(const std::string& why) {
+  {
+    std::lock_guard<std::mutex> g(mutex_);
+    ++refused_;
+  }
+  report_refusal_("node " + std::to_string(options_.node_rank) + ": " + why);
 }
 
 std::unique_ptr<channel> endpoint::dial(const endpoint_address& peer,
@@ -238,6 +330,14 @@ std::uint64_t endpoint::refused() const {
   return refused_;
 }
 
+std::size_t endpoint::pending_handshakes() const {
+  std::lock_guard<std::mutex> guard(mutex_);
+  std::size_t n = 0;
+  for (const auto& slot : handshakes_)
+    n += slot.done ? 0 : 1;
+  return n;
+}
+
 void endpoint::stop() noexcept {
   {
     std::lock_guard<std::mutex> guard(mutex_);
@@ -246,17 +346,23 @@ void endpoint::stop() noexcept {
     stopped_ = true;
   }
   arrived_.notify_all();
+  handshake_done_.notify_all();
   for (auto& b : backends_)
     b->stop();
-  std::vector<std::thread> threads;
+  // No new slots now (stopped_, listeners joined): cut off the handshakes
+  // in progress and join their threads.
+  std::list<handshake_slot> slots;
   {
     std::lock_guard<std::mutex> guard(mutex_);
-    threads.swap(handshakes_);
+    for (auto& slot : handshakes_)
+      if (slot.link != nullptr)
+        slot.link->shutdown();
+    slots.swap(handshakes_);
     accepted_.clear();
   }
-  for (auto& t : threads)
-    if (t.joinable())
-      t.join();
+  for (auto& slot : slots)
+    if (slot.thread.joinable())
+      slot.thread.join();
 }
 
 } // namespace h2::transport

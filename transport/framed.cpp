@@ -108,10 +108,9 @@ constexpr std::chrono::milliseconds park_interval{1};
 /// dead peer.
 class framed_channel::receiver final : public receive_progress {
 public:
-  receiver(byte_link& link, mailbox& inbox, framed_options options)
+  receiver(byte_link& link, mailbox& inbox)
       : link_(&link),
         inbox_(&inbox),
-        options_(options),
         pool_(std::make_shared<receive_pool>()),
         read_ahead_(link.read_ahead_bytes()) {
     expect_header();
@@ -246,6 +245,10 @@ public:
     stopping_ = true;
     turn_.notify_all();
     park_.notify_all();
+  }
+
+  void set_max_payload(std::uint64_t bytes) noexcept {
+    max_payload_.store(bytes, std::memory_order_relaxed);
   }
 
   /// The channel is going away with its link: later calls do nothing.
@@ -387,7 +390,8 @@ private:
   }
 
   void start_frame() {
-    header_ = wire::decode(header_bytes_, options_.max_payload_bytes);
+    header_ =
+      wire::decode(header_bytes_, max_payload_.load(std::memory_order_relaxed));
     if (header_.kind == wire::frame_kind::goodbye)
       throw transport_error(transport_errc::peer_closed,
                             "peer " + link_->peer() + " closed the channel");
@@ -437,7 +441,10 @@ private:
       throw transport_error(transport_errc::corrupt_frame,
                             "corrupt frame: payload checksum mismatch from " +
                               link_->peer());
-    inbox_->deliver(std::move(message_));
+    if (!inbox_->deliver(std::move(message_)))
+      throw transport_error(transport_errc::corrupt_frame,
+                            "corrupt frame: " + link_->peer() +
+                              " sent more messages than anyone waits for");
     ++delivered_;
     expect_header();
   }
@@ -480,7 +487,8 @@ private:
 
   byte_link* link_; ///< null once detached
   mailbox* inbox_;  ///< valid while link_ is
-  framed_options options_;
+  /// Larger payloads are corrupt frames (channel_limits).
+  std::atomic<std::uint64_t> max_payload_{channel_limits{}.max_payload_bytes};
   /// Where received tensors' bytes go (buffers reused once freed).
   std::shared_ptr<receive_pool> pool_;
   /// Held (shared) by receives while they use the link outside mutex_
@@ -540,7 +548,7 @@ framed_channel::framed_channel(std::unique_ptr<byte_link> link,
                                framed_options options)
     : link_(std::move(link)),
       options_(options),
-      receiver_(std::make_shared<receiver>(*link_, inbox_, options)) {
+      receiver_(std::make_shared<receiver>(*link_, inbox_)) {
   // Receives read the link themselves (docs/transport.md, Receiving).
   inbox_.set_progress(receiver_);
   reader_ = std::thread([this] { receiver_->serve(); });
@@ -627,6 +635,11 @@ void framed_channel::close() noexcept {
   inbox_.cancel(std::string(link_->backend()) + " channel closed");
   link_->shutdown();
   receiver_->stop();
+}
+
+void framed_channel::set_limits(const channel_limits& limits) {
+  receiver_->set_max_payload(limits.max_payload_bytes);
+  inbox_.set_max_unawaited(limits.max_unawaited);
 }
 
 channel_stats framed_channel::stats() const {

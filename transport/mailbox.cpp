@@ -4,10 +4,10 @@
 
 namespace h2::transport {
 
-void mailbox::deliver(message m) {
+bool mailbox::deliver(message m) {
   std::lock_guard<std::mutex> guard(mutex_);
   if (cancelled_)
-    return;
+    return true;
   auto bytes = m.payload_bytes();
   auto w = waiters_.find(m.tag);
   if (w != waiters_.end()) {
@@ -19,12 +19,27 @@ void mailbox::deliver(message m) {
         bytes_ += bytes;
         if (w->second.empty())
           waiters_.erase(w);
-        return;
+        return true;
       }
     }
     waiters_.erase(w);
   }
+  if (queued_count_ >= max_unawaited_) {
+    fail_locked(transport_error(transport_errc::corrupt_frame,
+                                "corrupt frame: the peer sent more than " +
+                                  std::to_string(max_unawaited_) +
+                                  " messages that no receive waits for (tag " +
+                                  std::to_string(m.tag) + ")"));
+    return false;
+  }
   queued_[m.tag].push_back(std::move(m));
+  ++queued_count_;
+  return true;
+}
+
+void mailbox::set_max_unawaited(std::size_t n) {
+  std::lock_guard<std::mutex> guard(mutex_);
+  max_unawaited_ = n;
 }
 
 pending_message mailbox::receive(std::uint64_t tag) {
@@ -35,6 +50,7 @@ pending_message mailbox::receive(std::uint64_t tag) {
   if (!cancelled_ && q != queued_.end() && !q->second.empty()) {
     message m = std::move(q->second.front());
     q->second.pop_front();
+    --queued_count_;
     if (q->second.empty())
       queued_.erase(q);
     ++messages_;
@@ -55,6 +71,10 @@ pending_message mailbox::receive(std::uint64_t tag) {
 
 void mailbox::fail(const transport_error& e) {
   std::lock_guard<std::mutex> guard(mutex_);
+  fail_locked(e);
+}
+
+void mailbox::fail_locked(const transport_error& e) {
   if (failure_)
     return;
   failure_ = e;
@@ -75,6 +95,7 @@ void mailbox::cancel(const std::string& why) {
       w->fail(*failure_);
   waiters_.clear();
   queued_.clear();
+  queued_count_ = 0;
 }
 
 void mailbox::set_progress(std::shared_ptr<receive_progress> p) {

@@ -246,40 +246,48 @@ socket_listener::~socket_listener() {
   stop();
 }
 
-void socket_listener::start(make_link make, on_connection deliver) {
-  thread_ = std::thread([this, make = std::move(make),
-                         deliver = std::move(deliver)] {
-    for (;;) {
-      int fd = ::accept4(fd_, nullptr, nullptr, SOCK_CLOEXEC);
-      if (stopped_.load()) {
-        if (fd >= 0)
-          ::close(fd);
-        return;
-      }
-      if (fd >= 0) {
-        try {
-          deliver(make(fd));
-          continue;
-        } catch (const std::exception&) {
-          // The link could not be set up (no descriptor or memory left for
-          // its own use): the connection is dropped, its dialer sees it
-          // closed. Nothing may escape this thread.
+void socket_listener::start(make_link make, on_connection deliver,
+                            std::string what, log_sink log) {
+  thread_ =
+    std::thread([this, make = std::move(make), deliver = std::move(deliver),
+                 what = std::move(what),
+                 report = std::make_shared<throttled_report>(std::move(log))] {
+      for (;;) {
+        int fd = ::accept4(fd_, nullptr, nullptr, SOCK_CLOEXEC);
+        if (stopped_.load()) {
+          if (fd >= 0)
+            ::close(fd);
+          return;
         }
+        if (fd >= 0) {
+          try {
+            if (auto link = make(fd))
+              deliver(std::move(link));
+            continue;
+          } catch (const std::exception& e) {
+            // The link could not be set up (no descriptor or memory left for
+            // its own use): the connection is dropped, its dialer sees it
+            // closed. Nothing may escape this thread.
+            (*report)(what + ": dropped a connection: " + e.what());
+          }
+          failed_.fetch_add(1);
+          std::this_thread::sleep_for(retry_delay);
+          continue;
+        }
+        const int err = errno;
+        if (err == EINTR || err == ECONNABORTED)
+          continue; // a signal, or a peer that gave up while queued
+        if (err == EBADF || err == EINVAL || err == ENOTSOCK)
+          return; // the listener itself is gone
+        // Out of descriptors (EMFILE, ENFILE) or memory: the condition lasts
+        // a while, and retrying at once would spin a core on it.
+        (*report)(what + ": cannot accept: " + std::strerror(err) +
+                  "; retrying every " + std::to_string(retry_delay.count()) +
+                  " ms");
         failed_.fetch_add(1);
         std::this_thread::sleep_for(retry_delay);
-        continue;
       }
-      const int err = errno;
-      if (err == EINTR || err == ECONNABORTED)
-        continue; // a signal, or a peer that gave up while queued
-      if (err == EBADF || err == EINVAL || err == ENOTSOCK)
-        return; // the listener itself is gone
-      // Out of descriptors (EMFILE, ENFILE) or memory: the condition lasts
-      // a while, and retrying at once would spin a core on it.
-      failed_.fetch_add(1);
-      std::this_thread::sleep_for(retry_delay);
-    }
-  });
+    });
 }
 
 void socket_listener::stop() noexcept {

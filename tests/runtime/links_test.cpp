@@ -3,6 +3,8 @@
 #include "h2/core/error.hpp"
 #include "h2/runtime/links.hpp"
 
+#include "test_jobs.hpp"
+
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -118,6 +120,36 @@ TEST(runtime_links, a_node_without_a_process_is_named) {
   } catch (const config_error& e) {
     EXPECT_NE(std::string(e.what()).find("2:0"), std::string::npos) << e.what();
   }
+}
+
+TEST(runtime_links, channel_limits_follow_the_plan) {
+  auto job = parse_job(
+    "[job]\nseed = 1\n" + test::model_toml(1000, 64, 32, 2, 2) +
+      "[train]\nsteps = 1\nglobal_batch = 128\nmicro_batch = 2\n"
+      "eval_every = 1\neval_batches = 3\n"
+      "[transport]\nbucket_mb = 0.25\n"
+      "[[nodes]]\nchips = [\"emulated:h100-sxm\", \"emulated:mi250x\"]\n",
+    "test");
+  // The largest layer is the embedding or the head: 1000 x 32 weights.
+  std::int64_t largest = 0;
+  for (int l = 0; l < job.model.num_layers(); ++l)
+    largest = std::max(largest, layer_parameters(job.model, l));
+  ASSERT_GE(largest, 1000 * 32);
+  auto p = test::one_replica_plan(job, {2, 2}, 2, 64);
+  auto limits = channel_limits_of(job, p);
+  // 12 bytes a parameter (value and two moments) beat 2 x 64 x 32 floats of
+  // activations and the 256 KiB bucket here.
+  ASSERT_GT(largest * 12, 1 << 18);
+  EXPECT_EQ(limits.max_payload_bytes,
+            3 * static_cast<std::uint64_t>(largest) * 12);
+  EXPECT_EQ(limits.max_unawaited, 2u * 64 * 3 + 4);
+
+  // Another plan, other limits: micro-batches of 64 sequences carry more
+  // activations than any layer's state.
+  auto wide = test::one_replica_plan(job, {2, 2}, 64, 2);
+  auto wide_limits = channel_limits_of(job, wide);
+  EXPECT_EQ(wide_limits.max_payload_bytes, 3 * std::uint64_t{64} * 64 * 32 * 4);
+  EXPECT_EQ(wide_limits.max_unawaited, 2u * 2 * 3 + 4);
 }
 
 } // namespace

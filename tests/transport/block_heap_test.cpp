@@ -147,5 +147,23 @@ TEST(transport_block_heap, random_traffic_never_overlaps) {
   }
 }
 
+TEST(transport_adopted_blocks, a_block_adopted_twice_or_still_live_is_refused) {
+  adopted_blocks held;
+  EXPECT_TRUE(held.adopt(0, 65536));
+  EXPECT_TRUE(held.adopt(65536, 8192));  // adjacent: fine
+  EXPECT_FALSE(held.adopt(0, 65536));    // the same block again
+  EXPECT_FALSE(held.adopt(4096, 4096));  // inside a live one
+  EXPECT_FALSE(held.adopt(61440, 8192)); // across the boundary of two
+  EXPECT_FALSE(held.adopt(69632, 1));    // the last byte of the second
+  EXPECT_EQ(held.size(), 2u);
+  held.release(0);
+  EXPECT_TRUE(held.adopt(4096, 4096)); // freed: the writer may reuse it
+  EXPECT_FALSE(held.adopt(0, 8192));   // but not over what is live again
+  held.release(4096);
+  held.release(65536);
+  held.release(12345); // nothing there: no-op
+  EXPECT_EQ(held.size(), 0u);
+}
+
 } // namespace
 } // namespace h2::transport::shm

@@ -4,6 +4,7 @@
 // killed (SIGKILL) or stopped (SIGSTOP) while a receive waits on it.
 #include "pairs.hpp"
 
+#include "h2/transport/crc32c.hpp"
 #include "h2/transport/socket_link.hpp"
 #include "h2/transport/wire.hpp"
 
@@ -15,6 +16,7 @@
 
 #include <csignal>
 #include <cstring>
+#include <fstream>
 #include <spawn.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
@@ -369,6 +371,21 @@ TEST(transport_frames, wire_header_round_trips) {
   EXPECT_THROW(wire::decode(bytes.data(), 10), transport_error);
 }
 
+// Found by fuzz_frame_decoder (fuzz/corpus/frame_decoder/
+// byte-frame-with-a-shape-word): a header that decodes is one this build
+// could have sent, so the shape words of a byte payload must be zero too.
+TEST(transport_frames, a_byte_frame_with_a_shape_is_a_corrupt_frame) {
+  wire::frame_header h;
+  h.kind = wire::frame_kind::hello;
+  h.payload_bytes = wire::hello_bytes;
+  auto bytes = header_of(h);
+  bytes[48 + 8 * 5 + 3] = std::byte{3}; // shape[5], beyond any ndim
+  const std::uint32_t crc = crc32c(bytes.data(), 124);
+  std::memcpy(bytes.data() + 124, &crc, sizeof(crc));
+  EXPECT_EQ(error_of([&] { wire::decode(bytes.data(), 1 << 20); }),
+            transport_errc::corrupt_frame);
+}
+
 // Issue 13, item 4: a peer's clock fields reach a chip's clock; one that is
 // not a time since the run's origin is refused at the header.
 TEST(transport_frames, a_forged_clock_field_is_a_corrupt_frame) {
@@ -405,6 +422,79 @@ TEST(transport_frames, a_forged_clock_field_is_a_corrupt_frame) {
   const auto back = wire::decode(bytes.data(), 1 << 20);
   EXPECT_EQ(back.virtual_clock, ok.virtual_clock);
   EXPECT_EQ(back.wall_clock, -5);
+}
+
+/// Resident memory of this process, bytes (/proc/self/statm).
+std::uint64_t resident_bytes() {
+  std::ifstream in("/proc/self/statm");
+  std::uint64_t size = 0, resident = 0;
+  in >> size >> resident;
+  return resident * static_cast<std::uint64_t>(::sysconf(_SC_PAGESIZE));
+}
+
+// Issue 13, item 3: what a peer's header makes the receiver allocate.
+TEST(transport_frames, a_payload_over_the_plan_bound_is_a_corrupt_frame) {
+  raw_peer p;
+  p.ch->set_limits({1 << 20, 16});
+  wire::frame_header h;
+  h.tag = 1;
+  h.payload_bytes = (1 << 20) + 1;
+  auto bytes = header_of(h);
+  EXPECT_EQ(p.receive_error([&] { p.write(bytes.data(), bytes.size()); }),
+            transport_errc::corrupt_frame);
+
+  raw_peer q; // the bound is the receiver's, set again when the plan changes
+  q.ch->set_limits({1 << 20, 16});
+  q.ch->set_limits({4 << 20, 16});
+  auto waiting = q.ch->recv_async(1);
+  q.write(bytes.data(), bytes.size());
+  std::vector<char> payload(h.payload_bytes, 'x');
+  q.write(payload.data(), payload.size());
+  EXPECT_EQ(waiting.get(10s).bytes.size(), h.payload_bytes);
+}
+
+TEST(transport_frames, messages_nobody_waits_for_are_bounded) {
+  raw_peer p;
+  p.ch->set_limits({1 << 20, 4});
+  auto frame = [](std::uint64_t tag) {
+    wire::frame_header h;
+    h.tag = tag;
+    h.payload_bytes = 3;
+    auto bytes = header_of(h);
+    std::string out(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+    return out + "abc";
+  };
+  // Four queued messages are fine: a receive of one of them takes it.
+  for (std::uint64_t tag = 2; tag < 6; ++tag) {
+    auto f = frame(tag);
+    p.write(f.data(), f.size());
+  }
+  EXPECT_EQ(text_of(p.ch->recv(3, 10s)), "abc");
+  // Two more pass the bound (4 queued again, then a fifth): the channel
+  // fails, and a waiting receive learns why.
+  EXPECT_EQ(p.receive_error([&] {
+    for (std::uint64_t tag : {6, 7}) {
+      auto f = frame(tag);
+      p.write(f.data(), f.size());
+    }
+  }),
+            transport_errc::corrupt_frame);
+}
+
+TEST(transport_frames, a_byte_payload_is_not_allocated_before_it_arrives) {
+  raw_peer p;
+  p.ch->set_limits({std::uint64_t{4} << 30, 16});
+  const std::uint64_t before = resident_bytes();
+  wire::frame_header h;
+  h.tag = 1;
+  h.payload_bytes = std::uint64_t{1} << 30; // announced, never sent
+  auto bytes = header_of(h);
+  auto waiting = p.ch->recv_async(1);
+  p.write(bytes.data(), bytes.size());
+  p.write("a few bytes", 11);
+  EXPECT_EQ(error_of([&] { waiting.get(300ms); }), transport_errc::timeout);
+  // Zero-filled, the gigabyte would be resident now.
+  EXPECT_LT(resident_bytes(), before + (std::uint64_t{256} << 20));
 }
 
 TEST(transport_frames, dtype_codes_round_trip_with_their_element_sizes) {

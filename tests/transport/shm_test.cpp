@@ -5,16 +5,26 @@
 #include "pairs.hpp"
 
 #include "h2/core/error.hpp"
+#include "h2/core/random.hpp"
 #include "h2/transport/channel.hpp"
+#include "h2/transport/socket_link.hpp"
+// The segment's layout, for a hostile acceptor that passes a bad one.
+#include "../../transport/shm/segment.hpp"
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
 #include <chrono>
 #include <cstdint>
+#include <fcntl.h>
 #include <fstream>
+#include <future>
 #include <sstream>
 #include <string>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
 #include <vector>
 
 namespace h2::transport {
@@ -136,6 +146,76 @@ TEST(transport_shm, bad_sizes_name_their_job_key) {
   } catch (const config_error& e) {
     EXPECT_EQ(e.key_path(), "transport.shm_heap_mb") << e.what();
   }
+}
+
+/// A hostile shm acceptor: passes the secret's handshake, then passes a
+/// segment of `sizes` made by `make_fd` instead of a sealed one of its size.
+/// Returns what the dialer's dial() throws.
+transport_errc dial_a_hostile_acceptor(const std::function<int()>& make_fd,
+                                       shm::segment_sizes sizes) {
+  const std::string name = "h2-shm-hostile-" + random_hex(8);
+  int listener = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::memcpy(addr.sun_path + 1, name.data(), name.size());
+  auto len =
+    static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + name.size());
+  EXPECT_EQ(::bind(listener, reinterpret_cast<sockaddr*>(&addr), len), 0);
+  EXPECT_EQ(::listen(listener, 1), 0);
+  auto acceptor = std::async(std::launch::async, [&] {
+    socket_link link(::accept(listener, nullptr, nullptr), "shm", "dialer");
+    auto until = std::chrono::steady_clock::now() + patience;
+    accept_handshake(link, *test::test_secret(), 1, until);
+    int fd = make_fd();
+    shm::send_fd(link.fd(), fd, sizes);
+    ::close(fd);
+    // Hold the connection until the dialer gave up on it.
+    char c = 0;
+    (void)::recv(link.fd(), &c, 1, 0);
+  });
+  endpoint dialer(test::options_for(0, "shm"));
+  endpoint_address peer;
+  peer.node_rank = 1;
+  peer.host_id = this_host_id();
+  peer.shm_socket = name;
+  auto code = test::error_of([&] {
+    dialer.dial(peer, 3, "shm", std::chrono::steady_clock::now() + patience);
+  });
+  acceptor.get();
+  ::close(listener);
+  return code;
+}
+
+TEST(transport_shm,
+     a_peer_segment_not_sealed_or_not_its_claimed_size_is_refused) {
+  shm::segment_sizes sizes{std::uint64_t{1} << 20, 0};
+  auto memfd = [&](unsigned flags, std::uint64_t bytes, int seals) {
+    return [=] {
+      int fd = ::memfd_create("h2-shm-hostile", MFD_CLOEXEC | flags);
+      EXPECT_EQ(::ftruncate(fd, static_cast<off_t>(bytes)), 0);
+      if (seals != 0) {
+        EXPECT_EQ(::fcntl(fd, F_ADD_SEALS, seals), 0);
+      }
+      return fd;
+    };
+  };
+  const int both = F_SEAL_SHRINK | F_SEAL_GROW;
+  // Unsealed: it could shrink under the dialer's mapping later (SIGBUS).
+  EXPECT_EQ(dial_a_hostile_acceptor(memfd(0, sizes.total(), 0), sizes),
+            transport_errc::corrupt_frame);
+  // Sealed against growing only.
+  EXPECT_EQ(dial_a_hostile_acceptor(
+              memfd(MFD_ALLOW_SEALING, sizes.total(), F_SEAL_GROW), sizes),
+            transport_errc::corrupt_frame);
+  // Sealed, but smaller than the sizes it claims.
+  EXPECT_EQ(dial_a_hostile_acceptor(
+              memfd(MFD_ALLOW_SEALING, sizes.total() / 2, both), sizes),
+            transport_errc::corrupt_frame);
+  // Sealed at its size, but sizes this backend never makes.
+  shm::segment_sizes odd{std::uint64_t{1} << 20, 1000};
+  EXPECT_EQ(
+    dial_a_hostile_acceptor(memfd(MFD_ALLOW_SEALING, odd.total(), both), odd),
+    transport_errc::corrupt_frame);
 }
 
 } // namespace

@@ -10,10 +10,12 @@
 #include <cerrno>
 #include <cstddef>
 #include <cstring>
+#include <fcntl.h>
 #include <new>
 #include <string>
 #include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <thread>
 #include <unistd.h>
@@ -35,11 +37,31 @@ sockaddr_un abstract_address(const std::string& name, socklen_t& len) {
   return addr;
 }
 
+/// Why segment `fd` that a peer passed with `sizes` cannot be mapped
+/// safely ("" when it can): sizes this backend would not make, a size
+/// other than they claim, or no seals against shrinking and growing.
+std::string check_peer_segment(int fd, const segment_sizes& sizes) {
+  if (!sizes.valid())
+    return "is malformed";
+  struct stat st {};
+  if (::fstat(fd, &st) != 0)
+    return std::string("cannot be examined: ") + std::strerror(errno);
+  if (static_cast<std::uint64_t>(st.st_size) != sizes.total())
+    return "holds " + std::to_string(st.st_size) + " bytes, not the " +
+           std::to_string(sizes.total()) + " it claims";
+  const int seals = ::fcntl(fd, F_GET_SEALS);
+  constexpr int needed = F_SEAL_SHRINK | F_SEAL_GROW;
+  if (seals < 0 || (seals & needed) != needed)
+    return "is not sealed against resizing";
+  return "";
+}
+
 class shm_backend final : public backend {
 public:
   explicit shm_backend(const endpoint_options& options)
       : sizes_{options.shm_ring_bytes,
-               options.shm_heap_bytes / block_alignment * block_alignment} {
+               options.shm_heap_bytes / block_alignment * block_alignment},
+        log_(options.log) {
     if (sizes_.ring_bytes == 0 || sizes_.ring_bytes > max_region_bytes)
       throw config_error("transport.shm_ring_mb",
                          "the shm ring must hold more than 0 bytes and at "
@@ -69,11 +91,25 @@ public:
     }
     listener_ = std::make_unique<socket_listener>(fd);
     local.shm_socket = name_;
+    auto refusal = std::make_shared<throttled_report>(log_);
     listener_->start(
-      [](int accepted) {
-        return std::make_unique<socket_link>(accepted, "shm", "(same host)");
+      [refusal](int accepted) -> std::unique_ptr<byte_link> {
+        // The abstract socket is open to every user of the host: a peer of
+        // another user is closed before it can send a byte's worth of work.
+        ucred cred{};
+        socklen_t len = sizeof(cred);
+        if (::getsockopt(accepted, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0 ||
+            cred.uid != ::geteuid()) {
+          (*refusal)("shm: refused a connection from uid " +
+                     std::to_string(cred.uid) + " (pid " +
+                     std::to_string(cred.pid) + "): not this job's user");
+          ::close(accepted);
+          return nullptr;
+        }
+        return std::make_unique<socket_link>(accepted, "shm",
+                                             "pid " + std::to_string(cred.pid));
       },
-      std::move(on_connection));
+      std::move(on_connection), "shm unix:@" + name_, log_);
   }
 
   std::unique_ptr<byte_link> connect(const endpoint_address& peer,
@@ -104,17 +140,25 @@ public:
     segment_sizes sizes = sizes_;
     int fd = -1;
     if (acceptor) {
-      fd = ::memfd_create("h2-shm", MFD_CLOEXEC);
-      if (fd < 0 || ::ftruncate(fd, static_cast<off_t>(sizes.total())) != 0)
+      // Sealed at its size: the dialer refuses a segment that could still
+      // shrink under its mapping (a SIGBUS) or grow.
+      fd = ::memfd_create("h2-shm", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+      if (fd < 0 || ::ftruncate(fd, static_cast<off_t>(sizes.total())) != 0 ||
+          ::fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) !=
+            0) {
+        const int err = errno;
+        if (fd >= 0)
+          ::close(fd);
         throw transport_error(transport_errc::peer_closed,
                               std::string("shm: cannot create a segment: ") +
-                                std::strerror(errno));
+                                std::strerror(err));
+      }
     } else {
       fd = receive_fd(socket->fd(), sizes, until);
-      if (!sizes.valid()) {
+      if (auto why = check_peer_segment(fd, sizes); !why.empty()) {
         ::close(fd);
         throw transport_error(transport_errc::corrupt_frame,
-                              "shm: the peer's segment is malformed");
+                              "shm: the peer's segment " + why);
       }
     }
     auto seg = std::make_shared<segment>();
@@ -148,6 +192,7 @@ public:
 
 private:
   segment_sizes sizes_;
+  log_sink log_;
   std::string name_;
   std::unique_ptr<socket_listener> listener_;
 };

@@ -87,4 +87,19 @@ std::uint64_t block_heap::largest_free() const noexcept {
   return best;
 }
 
+bool adopted_blocks::adopt(std::uint64_t offset, std::uint64_t bytes) {
+  const std::uint64_t end = offset + bytes;
+  auto next = live_.lower_bound(offset);
+  if (next != live_.end() && next->first < end)
+    return false; // a live block starts inside the new one
+  if (next != live_.begin() && std::prev(next)->second > offset)
+    return false; // the new one starts inside a live block
+  live_.emplace(offset, end);
+  return true;
+}
+
+void adopted_blocks::release(std::uint64_t offset) noexcept {
+  live_.erase(offset);
+}
+
 } // namespace h2::transport::shm

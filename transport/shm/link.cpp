@@ -140,10 +140,20 @@ byte_link::adopted_payload shm_link::adopt(const wire::placement& p) {
                             std::to_string(p.bytes) + " bytes at offset " +
                             std::to_string(p.offset) + " of a heap of " +
                             std::to_string(heap) + " bytes");
+  {
+    std::lock_guard<std::mutex> guard(segment_->free_mutex);
+    if (!segment_->adopted.adopt(p.offset, p.bytes))
+      throw transport_error(transport_errc::corrupt_frame,
+                            "corrupt frame: the shm peer placed " +
+                              std::to_string(p.bytes) + " bytes at offset " +
+                              std::to_string(p.offset) +
+                              ", over a block this end still holds");
+  }
   return {in_heap_ + p.offset,
           [seg = segment_, in = in_, queue = in_free_,
            slots = sizes_.free_slots(), offset = p.offset] {
             std::lock_guard<std::mutex> guard(seg->free_mutex);
+            seg->adopted.release(offset);
             auto head = in->freed_head.load(std::memory_order_relaxed);
             auto tail = in->freed_tail.load(std::memory_order_acquire);
             // Only a writer that placed more blocks than its heap holds

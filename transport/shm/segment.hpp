@@ -5,6 +5,7 @@
 #pragma once
 
 #include "h2/transport/link.hpp"
+#include "h2/transport/shm/block_heap.hpp"
 
 #include <atomic>
 #include <chrono>
@@ -124,8 +125,10 @@ struct segment {
   void* map = nullptr;
   std::size_t bytes = 0;
   /// Serialises this process's pushes to the free queue (tensors die on
-  /// any thread).
+  /// any thread) and guards `adopted`.
   std::mutex free_mutex;
+  /// The blocks of the peer's heap this end holds as received tensors.
+  adopted_blocks adopted;
 
   ~segment();
 

@@ -9,7 +9,7 @@ namespace {
 class tcp_backend final : public backend {
 public:
   explicit tcp_backend(const endpoint_options& options)
-      : bind_host_(options.bind_host) {}
+      : bind_host_(options.bind_host), log_(options.log) {}
 
   ~tcp_backend() override { stop(); }
 
@@ -23,7 +23,8 @@ public:
     local.tcp_host = bind_host_;
     local.tcp_port = port;
     listener_->start([](int fd) { return make_link(fd, describe_peer(fd)); },
-                     std::move(on_connection));
+                     std::move(on_connection),
+                     "tcp " + bind_host_ + ":" + std::to_string(port), log_);
   }
 
   std::unique_ptr<byte_link> connect(const endpoint_address& peer,
@@ -43,6 +44,7 @@ public:
 
 private:
   std::string bind_host_;
+  log_sink log_;
   std::unique_ptr<socket_listener> listener_;
 };
 

@@ -44,6 +44,21 @@ assign_links(const plan& p,
              const std::map<int, transport::endpoint_address>& addresses,
              std::string_view forced);
 
+/// What each channel of plan `p` takes from its peer (docs/transport.md,
+/// Bounds):
+///   - payloads up to three times the largest message the plan sends: one
+///     layer's state (parameters and both AdamW moments in fp32, 12 bytes
+///     per parameter), a micro-batch's activations or gradients
+///     (micro_batch_size x seq_len x d_model in fp32), or a gradient bucket
+///     (transport.bucket_bytes);
+///   - at most twice a step's micro-batch count (of an evaluation's, when
+///     more) of messages for tags no receive waits for yet, plus 4 for the
+///     gradient ring's chunks that run ahead.
+/// Pure; the stage workers apply it to their channels whenever the plan
+/// changes.
+transport::channel_limits channel_limits_of(const job_config& job,
+                                            const plan& p);
+
 /// Opens `links` (one process's, from assign_links) and attaches each
 /// channel to its chip's set-up in `setups` (with the peer's profile, for
 /// link times): in-process pairs first, then dials, then accepts, so that

@@ -60,6 +60,9 @@ struct worker_setup {
   std::map<chip_id, peer_link> peers;
   /// Gradient reductions across replicas (none with one replica).
   std::vector<reduction_assignment> reductions;
+  /// What the channels in `peers` take from their peers, for this plan
+  /// (channel_limits_of): the worker sets them on its channels.
+  transport::channel_limits limits;
   /// Wall time that counts as 0 on every chip's clock.
   devices::chip_clock::wall_clock::time_point origin;
   /// Cancelled when the job aborts: waits end, the op loop stops.

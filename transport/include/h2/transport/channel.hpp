@@ -33,11 +33,37 @@ struct clock_stamp {
 
 /// One unit of transfer: a tag, the sender's clock, and a payload that is
 /// either a tensor or a byte buffer.
+/// Leaves the elements it makes uninitialised: a received payload's buffer
+/// is written whole before anyone reads it, so it is never zero-filled,
+/// and a header that announces bytes which never come costs address space,
+/// not memory (docs/transport.md, Bounds).
+template <class T>
+struct uninitialized_allocator : std::allocator<T> {
+  template <class U>
+  struct rebind {
+    using other = uninitialized_allocator<U>;
+  };
+  uninitialized_allocator() = default;
+  template <class U>
+  uninitialized_allocator(const uninitialized_allocator<U>&) noexcept {}
+
+  template <class U, class... Args>
+  void construct(U* p, Args&&... args) {
+    if constexpr (sizeof...(Args) == 0)
+      ::new (static_cast<void*>(p)) U;
+    else
+      ::new (static_cast<void*>(p)) U(std::forward<Args>(args)...);
+  }
+};
+
+/// A message's byte payload.
+using byte_buffer = std::vector<std::byte, uninitialized_allocator<std::byte>>;
+
 struct message {
   std::uint64_t tag = 0;
   clock_stamp sent;
-  at::Tensor tensor;            ///< defined for tensor payloads
-  std::vector<std::byte> bytes; ///< the payload otherwise
+  at::Tensor tensor; ///< defined for tensor payloads
+  byte_buffer bytes; ///< the payload otherwise
 
   /// Bytes of the payload (tensor data or byte buffer).
   std::uint64_t payload_bytes() const noexcept;
@@ -83,6 +109,17 @@ private:
   std::shared_ptr<state> state_;
 };
 
+/// What one end of a channel takes from its peer before it fails the
+/// channel with corrupt_frame (docs/transport.md, Bounds). The runtime
+/// sets them from the live plan (runtime::channel_limits_of) and again
+/// whenever the plan changes.
+struct channel_limits {
+  /// Largest payload of one message.
+  std::uint64_t max_payload_bytes = std::uint64_t{1} << 36;
+  /// Most messages arrived for tags no receive waits for yet.
+  std::size_t max_unawaited = 4096;
+};
+
 /// Traffic through one end of a channel.
 struct channel_stats {
   std::uint64_t messages_sent = 0;
@@ -118,6 +155,10 @@ public:
   virtual std::string_view backend() const noexcept = 0;
 
   virtual channel_stats stats() const = 0;
+
+  /// Bounds what the peer may send from now on. The in-process backend's
+  /// peer is this process: it ignores them.
+  virtual void set_limits(const channel_limits&) {}
 };
 
 // ---------------------------------------------------------------------------

@@ -10,11 +10,13 @@
 #include "h2/transport/framed.hpp"
 #include "h2/transport/handshake.hpp"
 #include "h2/transport/link.hpp"
+#include "h2/transport/report.hpp"
 
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
+#include <list>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -113,8 +115,19 @@ struct endpoint_options {
   /// to 1 GiB (credits travel as 32-bit immediates), else the rdma backend
   /// throws config_error naming the key.
   std::uint64_t rdma_ring_bytes = std::uint64_t{16} << 20;
-  /// How long a peer may take to complete the handshake.
+  /// How long a peer may take to complete the handshake (and, for shm and
+  /// rdma, to set up its link).
   std::chrono::milliseconds handshake_timeout{10000};
+  /// Most incoming connections in their handshake at once, each on a
+  /// thread of its own. One more cuts off the oldest that has not proved
+  /// the secret yet, so silent connections cannot hold every slot, and is
+  /// accepted once that thread has ended; when all have proved it and none
+  /// ends within a second, the newcomer is refused (docs/transport.md,
+  /// Bounds).
+  std::size_t max_pending_handshakes = 64;
+  /// Where refused connections and failed accepts are reported, at most
+  /// one line per 10 s each (listeners, handshakes). Empty: nowhere.
+  log_sink log;
 };
 
 /// The backends between processes that this build can run, in the order of
@@ -163,25 +176,47 @@ public:
   /// Throws transport_error(timeout) past `until`.
   std::unique_ptr<channel> accept(std::uint64_t id, deadline until);
 
-  /// Incoming connections refused (wrong secret, wrong protocol, garbage).
+  /// Incoming connections refused (wrong secret, wrong protocol, garbage,
+  /// silent past handshake_timeout, cut off or turned away for
+  /// max_pending_handshakes, no thread to run their handshake).
   std::uint64_t refused() const;
+
+  /// Handshakes in progress now (at most max_pending_handshakes).
+  std::size_t pending_handshakes() const;
 
   /// Stops listening and fails waiting accepts. Idempotent.
   void stop() noexcept;
 
 private:
+  /// One incoming connection in its handshake, on a thread of its own.
+  struct handshake_slot {
+    std::thread thread;
+    byte_link* link = nullptr; ///< cut off by shutdown(); owned by thread
+    bool proved = false;       ///< the peer proved the secret
+    bool done = false;         ///< the thread touches nothing after this
+  };
+
   backend& find(std::string_view name);
   void on_connection(backend& b, std::unique_ptr<byte_link> link);
+  /// The thread of `slot`: handshake and upgrade of `link`.
+  void run_handshake(backend& b, std::unique_ptr<byte_link> link,
+                     handshake_slot& slot);
+  /// Joins the threads of finished handshakes. Under mutex_.
+  void reap_locked();
+  /// Counts a refused connection and reports why.
+  void refuse(const std::string& why);
 
   endpoint_options options_;
   endpoint_address address_;
   std::vector<std::unique_ptr<backend>> backends_;
   mutable std::mutex mutex_;
   std::condition_variable arrived_;
+  std::condition_variable handshake_done_; ///< a slot's thread finished
   std::map<std::uint64_t, std::unique_ptr<channel>> accepted_;
   std::uint64_t refused_ = 0;
   bool stopped_ = false;
-  std::vector<std::thread> handshakes_;
+  std::list<handshake_slot> handshakes_;
+  throttled_report report_refusal_;
 };
 
 } // namespace h2::transport

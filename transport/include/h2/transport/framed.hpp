@@ -27,8 +27,6 @@ namespace h2::transport {
 struct framed_options {
   /// Send a CRC32C of every payload (receivers verify whenever present).
   bool crc = false;
-  /// Larger incoming payloads are corrupt frames.
-  std::uint64_t max_payload_bytes = std::uint64_t{1} << 36;
 };
 
 /// A channel over an established (handshaken) byte link. Frames become
@@ -48,6 +46,7 @@ public:
   void close() noexcept override;
   std::string_view backend() const noexcept override;
   channel_stats stats() const override;
+  void set_limits(const channel_limits& limits) override;
 
 private:
   class receiver;

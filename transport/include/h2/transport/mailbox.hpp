@@ -17,8 +17,13 @@ namespace h2::transport {
 class mailbox {
 public:
   /// Hands `m` to the oldest waiting receive of its tag, or queues it.
-  /// Ignored once this end is cancelled (nobody will read it).
-  void deliver(message m);
+  /// Ignored once this end is cancelled (nobody will read it). False when
+  /// queueing it would pass the bound of set_max_unawaited(): then the
+  /// mailbox fails with corrupt_frame instead (and drops `m`).
+  bool deliver(message m);
+
+  /// Bounds the messages queued for tags no receive waits for.
+  void set_max_unawaited(std::size_t n);
 
   /// A receive of `tag`: completes at once from the queue, or fails with the
   /// channel's failure when nothing is queued and the channel failed.
@@ -44,12 +49,17 @@ public:
 private:
   using waiter = std::shared_ptr<pending_message::state>;
 
+  /// fail() under mutex_.
+  void fail_locked(const transport_error& e);
+
   mutable std::mutex mutex_;
   std::map<std::uint64_t, std::deque<message>> queued_;
   std::map<std::uint64_t, std::deque<waiter>> waiters_;
   std::optional<transport_error> failure_;
   std::shared_ptr<receive_progress> progress_;
   bool cancelled_ = false;
+  std::size_t queued_count_ = 0; ///< messages in queued_
+  std::size_t max_unawaited_ = channel_limits{}.max_unawaited;
   std::uint64_t messages_ = 0;
   std::uint64_t bytes_ = 0;
 };

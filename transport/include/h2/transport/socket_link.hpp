@@ -5,6 +5,7 @@
 #pragma once
 
 #include "h2/transport/link.hpp"
+#include "h2/transport/report.hpp"
 
 #include <atomic>
 #include <chrono>
@@ -93,10 +94,13 @@ sockaddr_storage ip_address(const std::string& host, std::uint16_t port);
 /// until stop(). A failed accept that is not the listener's end (out of file
 /// descriptors, EMFILE; out of memory) is retried after retry_delay, so the
 /// thread never spins; so is a connection whose link cannot be made or
-/// delivered (an exception from the callbacks), which is dropped.
+/// delivered (an exception from the callbacks), which is dropped. Both are
+/// reported to the log sink, at most one line per 10 s.
 class socket_listener {
 public:
-  /// Makes the link of an accepted socket `fd` (which it then owns).
+  /// Makes the link of an accepted socket `fd` (which it then owns), or
+  /// returns null to refuse the connection (having closed `fd`): a peer of
+  /// another user on the shm rendezvous socket.
   using make_link = std::function<std::unique_ptr<byte_link>(int fd)>;
   /// Called on the listener's thread with each accepted connection.
   using on_connection = std::function<void(std::unique_ptr<byte_link>)>;
@@ -111,8 +115,10 @@ public:
   socket_listener(const socket_listener&) = delete;
   socket_listener& operator=(const socket_listener&) = delete;
 
-  /// Starts the accepting thread. Call once.
-  void start(make_link make, on_connection deliver);
+  /// Starts the accepting thread. Call once. `log` hears of failed accepts
+  /// (`what` names the listener in its lines: "tcp 10.0.0.2:4000").
+  void start(make_link make, on_connection deliver, std::string what = {},
+             log_sink log = {});
 
   /// Wakes and joins the accepting thread; closes the socket. Idempotent;
   /// not concurrently with start().

@@ -57,4 +57,26 @@ private:
   std::map<std::uint64_t, std::uint64_t> used_; ///< offset -> extent bytes
 };
 
+/// The reader's side: the blocks of its peer's heap it has adopted and not
+/// yet freed. A placement that overlaps one of them is the peer's lie (two
+/// tensors would alias one block), which the reader refuses as a corrupt
+/// frame. Pure logic, no locks: the caller serialises.
+class adopted_blocks {
+public:
+  /// Records bytes [offset, offset + bytes) as adopted. False, changing
+  /// nothing, when they overlap a block adopted and not yet released.
+  /// Requires bytes > 0 and no overflow (the caller checked the heap's
+  /// bounds).
+  [[nodiscard]] bool adopt(std::uint64_t offset, std::uint64_t bytes);
+
+  /// Forgets the block adopted at `offset`.
+  void release(std::uint64_t offset) noexcept;
+
+  /// Blocks adopted and not yet released.
+  std::size_t size() const noexcept { return live_.size(); }
+
+private:
+  std::map<std::uint64_t, std::uint64_t> live_; ///< offset -> end
+};
+
 } // namespace h2::transport::shm
