@@ -164,7 +164,11 @@ frame_header decode(const std::byte* in, std::uint64_t max_payload_bytes) {
   h.ndim = get<std::uint8_t>(in, 45);
   auto dtype = get<std::uint8_t>(in, 44);
   if ((h.flags & flag::tensor) == 0) {
-    if (h.ndim != 0 || dtype != 0)
+    bool shaped = h.ndim != 0 || dtype != 0;
+    for (int i = 0; i < max_dims; ++i)
+      shaped = shaped ||
+               get<std::int64_t>(in, 48 + 8 * static_cast<std::size_t>(i)) != 0;
+    if (shaped)
       corrupt("byte payload with a tensor shape");
     if ((h.flags & flag::placed) != 0)
       corrupt("a placed byte payload");
