@@ -605,7 +605,8 @@ void framed_channel::send(message m) {
   }
   const buffer_view body{payload, static_cast<std::size_t>(h.payload_bytes)};
   std::byte header[wire::header_bytes];
-  {
+  const auto until = std::chrono::steady_clock::now() + options_.send_timeout;
+  try {
     std::lock_guard<std::mutex> guard(write_mutex_);
     std::optional<wire::placement> placed;
     if (t.defined() && body.size > 0)
@@ -615,11 +616,19 @@ void framed_channel::send(message m) {
       wire::encode(h, header);
       std::byte record[wire::placement_bytes];
       wire::encode(*placed, record);
-      link_->write({{header, sizeof(header)}, {record, sizeof(record)}});
+      link_->write({{header, sizeof(header)}, {record, sizeof(record)}}, until);
     } else {
       wire::encode(h, header);
-      link_->write({{header, sizeof(header)}, body});
+      link_->write({{header, sizeof(header)}, body}, until);
     }
+  } catch (const transport_error& e) {
+    if (e.code() == transport_errc::timeout) {
+      // Mid-frame: the stream cannot go on. Receives waiting on this end
+      // fail with the same error, and the peer sees the link end.
+      inbox_.fail(e);
+      link_->shutdown();
+    }
+    throw;
   }
   messages_sent_ += 1;
   bytes_sent_ += h.payload_bytes;

@@ -91,7 +91,7 @@ bool same(const std::array<std::uint8_t, 32>& a,
 /// Reasons in a goodbye frame's payload.
 enum class goodbye_reason : std::uint32_t { closed = 0, unauthorized = 1 };
 
-void send_hello(byte_link& link, const wire::hello_payload& h) {
+void send_hello(byte_link& link, const wire::hello_payload& h, deadline until) {
   std::byte payload[wire::hello_bytes];
   wire::encode(h, payload);
   wire::frame_header fh;
@@ -99,7 +99,7 @@ void send_hello(byte_link& link, const wire::hello_payload& h) {
   fh.payload_bytes = wire::hello_bytes;
   std::byte header[wire::header_bytes];
   wire::encode(fh, header);
-  link.write({{header, sizeof(header)}, {payload, sizeof(payload)}});
+  link.write({{header, sizeof(header)}, {payload, sizeof(payload)}}, until);
 }
 
 void send_goodbye(byte_link& link, goodbye_reason reason) noexcept {
@@ -110,7 +110,8 @@ void send_goodbye(byte_link& link, goodbye_reason reason) noexcept {
     fh.payload_bytes = sizeof(code);
     std::byte header[wire::header_bytes];
     wire::encode(fh, header);
-    link.write({{header, sizeof(header)}, {&code, sizeof(code)}});
+    link.write({{header, sizeof(header)}, {&code, sizeof(code)}},
+               std::chrono::steady_clock::now() + std::chrono::seconds(1));
   } catch (...) {
     // The peer learns of the refusal from the closed link instead.
   }
@@ -166,7 +167,7 @@ handshake_result dial_handshake(byte_link& link, const job_secret& secret,
   challenge.node_rank = rank;
   challenge.step = 1;
   challenge.nonce = random_nonce();
-  send_hello(link, challenge);
+  send_hello(link, challenge, until);
   auto response = read_hello(link, until, 2);
   if (response.channel != channel)
     throw transport_error(transport_errc::corrupt_frame,
@@ -179,7 +180,7 @@ handshake_result dial_handshake(byte_link& link, const job_secret& secret,
   proof.node_rank = rank;
   proof.step = 3;
   proof.proof = secret.prove(proof_message("dialer", response.nonce, channel));
-  send_hello(link, proof);
+  send_hello(link, proof, until);
   read_hello(link, until, 4);
   return {channel, response.node_rank};
 }
@@ -194,7 +195,7 @@ handshake_result accept_handshake(byte_link& link, const job_secret& secret,
   response.nonce = random_nonce();
   response.proof =
     secret.prove(proof_message("acceptor", challenge.nonce, challenge.channel));
-  send_hello(link, response);
+  send_hello(link, response, until);
   auto proof = read_hello(link, until, 3);
   if (proof.channel != challenge.channel ||
       !same(proof.proof, secret.prove(proof_message("dialer", response.nonce,
@@ -204,7 +205,7 @@ handshake_result accept_handshake(byte_link& link, const job_secret& secret,
   accepted.channel = challenge.channel;
   accepted.node_rank = rank;
   accepted.step = 4;
-  send_hello(link, accepted);
+  send_hello(link, accepted, until);
   return {challenge.channel, challenge.node_rank};
 }
 

@@ -69,7 +69,8 @@ void socket_link::fail(int err, const char* what) const {
                           std::strerror(err));
 }
 
-void socket_link::write(std::initializer_list<buffer_view> parts) {
+void socket_link::write(std::initializer_list<buffer_view> parts,
+                        deadline until) {
   std::vector<iovec> iov;
   for (const auto& p : parts)
     if (p.size != 0)
@@ -79,11 +80,28 @@ void socket_link::write(std::initializer_list<buffer_view> parts) {
     msghdr msg{};
     msg.msg_iov = iov.data() + at;
     msg.msg_iovlen = std::min<std::size_t>(iov.size() - at, IOV_MAX);
-    ssize_t n = ::sendmsg(fd_, &msg, MSG_NOSIGNAL);
+    ssize_t n = ::sendmsg(fd_, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
     if (n < 0) {
       if (errno == EINTR)
         continue;
-      fail(errno, "send");
+      if (errno != EAGAIN && errno != EWOULDBLOCK)
+        fail(errno, "send");
+      // The socket's buffer is full: wait for room, up to the deadline.
+      const auto now = std::chrono::steady_clock::now();
+      if (now >= until)
+        throw transport_error(transport_errc::timeout,
+                              backend_ + " peer " + peer_ +
+                                " took no bytes in time");
+      const auto left = std::min<std::chrono::nanoseconds>(
+        until - now, std::chrono::milliseconds(100));
+      timespec ts{static_cast<time_t>(left.count() / 1000000000),
+                  static_cast<long>(left.count() % 1000000000)};
+      pollfd pfd{fd_, POLLOUT, 0};
+      if (::ppoll(&pfd, 1, &ts, nullptr) < 0 && errno != EINTR)
+        fail(errno, "poll");
+      if (shut_.load())
+        fail(0, "send");
+      continue;
     }
     if (shut_.load())
       fail(0, "send");

@@ -13,6 +13,7 @@
 #include <limits>
 
 #include <ATen/ops/arange.h>
+#include <ATen/ops/zeros.h>
 
 #include <csignal>
 #include <cstring>
@@ -175,6 +176,31 @@ TEST_P(transport_fault, stopped_peer_times_out) {
   ASSERT_EQ(0, ::kill(pid, SIGSTOP));
   ch->send(bytes_message(1, "anyone?"));
   EXPECT_EQ(error_of([&] { ch->recv(2, 300ms); }), transport_errc::timeout);
+  ::kill(pid, SIGKILL);
+  ::waitpid(pid, nullptr, 0);
+}
+
+TEST_P(transport_fault, a_send_to_a_stopped_peer_times_out) {
+  // Issue 13, item 5: every send has a deadline. The stopped peer takes
+  // nothing: once its ring or socket is full, the send waits until
+  // send_timeout, then fails, and so does the channel.
+  auto o = test::options_for(0, GetParam());
+  o.framing.send_timeout = 300ms;
+  endpoint a(o);
+  pid_t pid = 0;
+  auto ch = echo_peer(a, GetParam(), pid);
+  ASSERT_EQ(0, ::kill(pid, SIGSTOP));
+  auto big = at::zeros({8 << 20}, at::kFloat); // 32 MiB: more than any buffer
+  transport_errc code = transport_errc::cancelled;
+  for (int i = 0; i < 64 && code == transport_errc::cancelled; ++i) {
+    try {
+      ch->send(test::tensor_message(1, big));
+    } catch (const transport_error& e) {
+      code = e.code();
+    }
+  }
+  EXPECT_EQ(code, transport_errc::timeout);
+  EXPECT_EQ(error_of([&] { ch->recv(2, 5s); }), transport_errc::timeout);
   ::kill(pid, SIGKILL);
   ::waitpid(pid, nullptr, 0);
 }

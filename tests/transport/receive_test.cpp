@@ -65,8 +65,9 @@ public:
   explicit recording_link(std::unique_ptr<byte_link> inner)
       : inner_(std::move(inner)) {}
 
-  void write(std::initializer_list<buffer_view> parts) override {
-    inner_->write(parts);
+  void write(std::initializer_list<buffer_view> parts,
+             deadline until) override {
+    inner_->write(parts, until);
   }
   std::size_t read_some(void* data, std::size_t size) override {
     const std::size_t n = inner_->read_some(data, size);

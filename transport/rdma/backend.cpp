@@ -216,7 +216,7 @@ private:
       slots_[token];
     }
     try {
-      send_offer(*socket, {token, cm_port_});
+      send_offer(*socket, {token, cm_port_}, until);
       std::unique_lock<std::mutex> lock(mutex_);
       for (;;) {
         auto& s = slots_[token];

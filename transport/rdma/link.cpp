@@ -103,8 +103,10 @@ rdma_link::~rdma_link() {
 }
 
 void rdma_link::exchange_rings(deadline until) {
-  send_ring(*socket_, {reinterpret_cast<std::uint64_t>(in_ring_.data()),
-                       in_mr_->rkey, capacity_});
+  send_ring(
+    *socket_,
+    {reinterpret_cast<std::uint64_t>(in_ring_.data()), in_mr_->rkey, capacity_},
+    until);
   ring_info peer = receive_ring(*socket_, until);
   staging_ = region(peer.capacity);
   staging_mr_.reset(ibv_reg_mr(pd_.get(), staging_.data(), peer.capacity,
@@ -118,20 +120,21 @@ void rdma_link::exchange_rings(deadline until) {
   writer_.emplace(peer.capacity, max_notifications);
 }
 
-void rdma_link::write(std::initializer_list<buffer_view> parts) {
+void rdma_link::write(std::initializer_list<buffer_view> parts,
+                      deadline until) {
   for (const auto& part : parts) {
     if (part.size == 0)
       continue;
     if (part.size >= device_direct_min_bytes) {
       if (ibv_mr* mr = device_region(part.data, part.size)) {
-        flush();
-        write_direct(static_cast<const char*>(part.data), part.size, mr);
+        flush(until);
+        write_direct(static_cast<const char*>(part.data), part.size, mr, until);
         continue;
       }
     }
-    write_staged(static_cast<const char*>(part.data), part.size);
+    write_staged(static_cast<const char*>(part.data), part.size, until);
   }
-  flush();
+  flush(until);
 }
 
 std::size_t rdma_link::read_some(void* data, std::size_t size) {
@@ -224,7 +227,7 @@ void rdma_link::shutdown() noexcept {
   socket_->shutdown();
 }
 
-void rdma_link::write_staged(const char* p, std::size_t left) {
+void rdma_link::write_staged(const char* p, std::size_t left, deadline until) {
   while (left > 0) {
     std::uint64_t room = 0, at = 0, posted = 0;
     {
@@ -235,8 +238,8 @@ void rdma_link::write_staged(const char* p, std::size_t left) {
     }
     const std::uint64_t chunk_room = chunk_bytes_ - (at - posted);
     if (room == 0 || chunk_room == 0) {
-      flush();
-      wait([&] { return writer_->free_bytes() > 0; }, std::nullopt);
+      flush(until);
+      wait([&] { return writer_->free_bytes() > 0; }, until);
       continue;
     }
     const std::size_t n = std::min<std::uint64_t>({room, chunk_room, left});
@@ -249,18 +252,18 @@ void rdma_link::write_staged(const char* p, std::size_t left) {
     p += n;
     left -= n;
     if (n == chunk_room)
-      flush();
+      flush(until);
   }
 }
 
-void rdma_link::flush() {
+void rdma_link::flush(deadline until) {
   for (;;) {
     {
       std::lock_guard<std::mutex> guard(mutex_);
       if (writer_->posted() == writer_->staged())
         return;
     }
-    wait_for_send_slot();
+    wait_for_send_slot(until);
     std::lock_guard<std::mutex> guard(mutex_);
     if (!send_slot_free_locked())
       continue; // a credit took the slot meanwhile
@@ -272,11 +275,12 @@ void rdma_link::flush() {
   }
 }
 
-void rdma_link::write_direct(const char* p, std::size_t left, ibv_mr* mr) {
+void rdma_link::write_direct(const char* p, std::size_t left, ibv_mr* mr,
+                             deadline until) {
   std::uint64_t end = 0;
   while (left > 0) {
     wait([&] { return writer_->free_bytes() > 0 && send_slot_free_locked(); },
-         std::nullopt);
+         until);
     std::lock_guard<std::mutex> guard(mutex_);
     if (!send_slot_free_locked())
       continue;
@@ -290,15 +294,15 @@ void rdma_link::write_direct(const char* p, std::size_t left, ibv_mr* mr) {
     p += n;
     left -= n;
   }
-  wait([&] { return writer_->completed() >= end; }, std::nullopt);
+  wait([&] { return writer_->completed() >= end; }, until);
 }
 
 bool rdma_link::send_slot_free_locked() const {
   return writer_->may_notify() && sq_outstanding_ + 2 <= send_depth;
 }
 
-void rdma_link::wait_for_send_slot() {
-  wait([&] { return send_slot_free_locked(); }, std::nullopt);
+void rdma_link::wait_for_send_slot(deadline until) {
+  wait([&] { return send_slot_free_locked(); }, until);
 }
 
 void rdma_link::post_write_locked(std::uint64_t from, std::uint64_t to,

@@ -38,7 +38,7 @@ public:
   /// peer's ring.
   void exchange_rings(deadline until);
 
-  void write(std::initializer_list<buffer_view> parts) override;
+  void write(std::initializer_list<buffer_view> parts, deadline until) override;
 
   /// Copies out of the receive ring what arrived; returns credit when due.
   std::size_t read_some(void* data, std::size_t size) override;
@@ -67,19 +67,20 @@ private:
 
   /// Copies into the staging ring and posts a write whenever a chunk is
   /// full or the ring has no room left.
-  void write_staged(const char* p, std::size_t left);
+  void write_staged(const char* p, std::size_t left, deadline until);
 
   /// Posts the staged and not yet posted bytes.
-  void flush();
+  void flush(deadline until);
 
   /// Writes straight from registered (device) memory into the peer's ring;
   /// returns once the hardware read it all, so the caller may reuse it.
-  void write_direct(const char* p, std::size_t left, ibv_mr* mr);
+  void write_direct(const char* p, std::size_t left, ibv_mr* mr,
+                    deadline until);
 
   /// Whether one more notifying write (up to two work requests) may go.
   bool send_slot_free_locked() const;
 
-  void wait_for_send_slot();
+  void wait_for_send_slot(deadline until);
 
   /// Posts [from, to) to the same positions of the peer's ring: the part up
   /// to the ring's end from `first`, the wrapped rest from `second`. Only

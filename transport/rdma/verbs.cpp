@@ -74,13 +74,13 @@ void check_record(const std::byte* in, const std::string& peer) {
 
 } // namespace
 
-void send_offer(socket_link& s, const offer& o) {
+void send_offer(socket_link& s, const offer& o, deadline until) {
   std::byte b[offer_bytes] = {};
   put(b, record_magic, 4);
   put(b + 4, record_version, 2);
   put(b + 6, o.cm_port, 2);
   put(b + 8, o.token, 8);
-  s.write({{b, sizeof(b)}});
+  s.write({{b, sizeof(b)}}, until);
 }
 
 offer receive_offer(socket_link& s, deadline until) {
@@ -90,14 +90,14 @@ offer receive_offer(socket_link& s, deadline until) {
   return {get(b + 8, 8), static_cast<std::uint16_t>(get(b + 6, 2))};
 }
 
-void send_ring(socket_link& s, const ring_info& r) {
+void send_ring(socket_link& s, const ring_info& r, deadline until) {
   std::byte b[ring_info_bytes] = {};
   put(b, record_magic, 4);
   put(b + 4, record_version, 2);
   put(b + 8, r.address, 8);
   put(b + 16, r.rkey, 4);
   put(b + 24, r.capacity, 8);
-  s.write({{b, sizeof(b)}});
+  s.write({{b, sizeof(b)}}, until);
 }
 
 ring_info receive_ring(socket_link& s, deadline until) {

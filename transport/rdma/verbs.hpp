@@ -148,13 +148,13 @@ constexpr std::size_t ring_info_bytes = 32; // magic, version, 0, addr, rkey,
 /// The dialer's rdma_cm private data: the token.
 constexpr std::size_t private_data_bytes = 16; // magic, 0, token
 
-void send_offer(socket_link& s, const offer& o);
+void send_offer(socket_link& s, const offer& o, deadline until);
 
 /// Throws transport_error: corrupt_frame for no record, protocol_mismatch
 /// for another version, timeout past `until`.
 offer receive_offer(socket_link& s, deadline until);
 
-void send_ring(socket_link& s, const ring_info& r);
+void send_ring(socket_link& s, const ring_info& r, deadline until);
 
 /// Throws as receive_offer(), and corrupt_frame for a ring outside
 /// [min_ring_bytes, max_ring_bytes].

@@ -82,7 +82,7 @@ shm_link::~shm_link() {
   shutdown();
 }
 
-void shm_link::write(std::initializer_list<buffer_view> parts) {
+void shm_link::write(std::initializer_list<buffer_view> parts, deadline until) {
   const std::uint64_t capacity = sizes_.ring_bytes;
   for (const auto& part : parts) {
     const char* p = static_cast<const char*>(part.data);
@@ -106,9 +106,17 @@ void shm_link::write(std::initializer_list<buffer_view> parts) {
         // Nobody may be reading (receives read for themselves): have the
         // peer's drain thread make room.
         signal(out_->drain_seq);
-        wait(has_room, out_->space_seq, out_->writer_waiting,
-             out_->space_seq.load(std::memory_order_seq_cst), std::nullopt,
-             spin_budget(spin_wanted));
+        try {
+          wait(has_room, out_->space_seq, out_->writer_waiting,
+               out_->space_seq.load(std::memory_order_seq_cst), until,
+               spin_budget(spin_wanted));
+        } catch (const transport_error& e) {
+          if (e.code() != transport_errc::timeout)
+            throw;
+          throw transport_error(transport_errc::timeout,
+                                "shm peer " + peer() +
+                                  " took nothing from its full ring in time");
+        }
       }
       std::size_t n = std::min<std::uint64_t>(free_bytes, left);
       ring::copy_in(out_data_, capacity, head, p, n);

@@ -32,7 +32,7 @@ public:
            std::unique_ptr<socket_link> socket);
   ~shm_link() override;
 
-  void write(std::initializer_list<buffer_view> parts) override;
+  void write(std::initializer_list<buffer_view> parts, deadline until) override;
   std::optional<wire::placement> place(buffer_view payload) override;
   adopted_payload adopt(const wire::placement& p) override;
   std::size_t read_some(void* data, std::size_t size) override;

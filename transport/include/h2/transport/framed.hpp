@@ -27,6 +27,10 @@ namespace h2::transport {
 struct framed_options {
   /// Send a CRC32C of every payload (receivers verify whenever present).
   bool crc = false;
+  /// Longest a send waits for the peer to take its bytes (a full ring or
+  /// socket); past it the send throws transport_error(timeout) and the
+  /// channel is failed (job key transport.timeout_seconds).
+  std::chrono::milliseconds send_timeout{60000};
 };
 
 /// A channel over an established (handshaken) byte link. Frames become

@@ -36,9 +36,12 @@ class byte_link {
 public:
   virtual ~byte_link() = default;
 
-  /// Writes every part in order, blocking. Throws transport_error:
-  /// peer_closed when the peer is gone, cancelled after shutdown().
-  virtual void write(std::initializer_list<buffer_view> parts) = 0;
+  /// Writes every part in order, blocking until `until` at most. Throws
+  /// transport_error: peer_closed when the peer is gone, cancelled after
+  /// shutdown(), timeout when the peer took no room past `until` (the link
+  /// is then mid-frame: the caller ends it).
+  virtual void write(std::initializer_list<buffer_view> parts,
+                     deadline until) = 0;
 
   /// Reads exactly `size` bytes into `data`, waiting at most until `until`
   /// when given: read_some() and wait_readable() in turn, for handshakes

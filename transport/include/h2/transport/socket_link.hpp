@@ -27,7 +27,8 @@ public:
   socket_link(int fd, std::string backend, std::string peer);
   ~socket_link() override;
 
-  void write(std::initializer_list<buffer_view> parts) override;
+  /// sendmsg(2) that does not wait; poll(2) for room up to `until`.
+  void write(std::initializer_list<buffer_view> parts, deadline until) override;
   /// recv(2) that does not wait.
   std::size_t read_some(void* data, std::size_t size) override;
   std::uint32_t wake_count() const noexcept override;
