@@ -1,6 +1,7 @@
 # H2's two-command set-up: `make demo` and `make test` (README.md).
 # Both install the Debian packages that are missing, configure and build;
-# `make bench` runs the benchmarks into build/bench-results.json.
+# `make bench` runs the benchmarks into build/bench-results.json; `make fuzz`
+# runs every fuzz target under libFuzzer (docs/fuzzing.md).
 
 BUILD_DIR  ?= build
 BUILD_TYPE ?= Release
@@ -17,11 +18,17 @@ DEB_PACKAGES := \
   libgtest-dev libgmock-dev libbenchmark-dev libgloo-dev \
   python3-torch python3-numpy \
   libibverbs-dev librdmacm-dev libamdhip64-dev \
-  prometheus iproute2 procps openssl
+  prometheus iproute2 procps openssl \
+  clang-14 libclang-rt-14-dev
 
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: all deps configure build demo test bench clean
+# `make fuzz`: its own build (clang, libFuzzer, ASan + UBSan) and how many
+# inputs each target runs, starting from a copy of its seed corpus.
+FUZZ_BUILD_DIR ?= build-fuzz
+FUZZ_RUNS      ?= 500000
+
+.PHONY: all deps configure build demo test bench fuzz clean
 
 all: build
 
@@ -53,6 +60,30 @@ test: build
 
 bench: build
 	bench/run.sh $(BUILD_DIR)
+
+# Each target runs over a scratch copy of fuzz/corpus/<name> (what libFuzzer
+# adds stays in $(FUZZ_BUILD_DIR)); a finding stops the run, leaving the
+# input in $(FUZZ_BUILD_DIR)/fuzz-findings/ and the log in fuzz-logs/.
+fuzz: deps
+	cmake -S . -B $(FUZZ_BUILD_DIR) -DCMAKE_BUILD_TYPE=Sanitize -DH2_FUZZ=ON \
+	  -DCMAKE_C_COMPILER=clang-14 -DCMAKE_CXX_COMPILER=clang++-14 \
+	  -DH2_BUILD_TESTS=OFF -DH2_BUILD_BENCH=OFF
+	cmake --build $(FUZZ_BUILD_DIR) -j $(JOBS) --target fuzz_targets
+	@set -e; out=$(FUZZ_BUILD_DIR); \
+	mkdir -p $$out/fuzz-logs $$out/fuzz-findings; \
+	for seeds in fuzz/corpus/*/; do \
+	  name=$$(basename $$seeds); corpus=$$out/fuzz-corpus/$$name; \
+	  rm -rf $$corpus; mkdir -p $$corpus; cp $$seeds* $$corpus/; \
+	  echo "h2: fuzzing $$name, $(FUZZ_RUNS) runs"; \
+	  if ! $$out/fuzz/fuzz_$$name -runs=$(FUZZ_RUNS) -timeout=10 \
+	      -artifact_prefix=$$out/fuzz-findings/$$name- $$corpus \
+	      > $$out/fuzz-logs/$$name.log 2>&1; then \
+	    tail -n 40 $$out/fuzz-logs/$$name.log; \
+	    echo "h2: fuzz_$$name found a bug; the input is in $$out/fuzz-findings"; \
+	    exit 1; \
+	  fi; \
+	  grep -E "^#[0-9]+[[:space:]]+DONE|^Done " $$out/fuzz-logs/$$name.log; \
+	done
 
 clean:
 	rm -rf $(BUILD_DIR)

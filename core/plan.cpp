@@ -72,7 +72,8 @@ plan plan_from_json(const std::string& text, const std::string& origin) {
   json j;
   try {
     j = json::parse(text);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {
+    // parse_error, and out_of_range for a number no double holds (1e400).
     throw config_error("", origin + ": invalid JSON: " + e.what());
   }
   std::string root = origin;

@@ -1,6 +1,7 @@
 #include "h2/metrics/http_server.hpp"
 
 #include "h2/core/error.hpp"
+#include "h2/metrics/http_request.hpp"
 
 #include <asio.hpp>
 
@@ -37,81 +38,10 @@ constexpr std::string_view index_html =
   "<!DOCTYPE html>\n<html><head><title>H2</title></head>\n"
   "<body><h1>H2</h1><p><a href=\"/metrics\">Metrics</a></p></body></html>\n";
 
-/// Match condition for async_read_until: the end of a request head, a blank
-/// line ("\r\n\r\n", or "\n\n" from lenient clients).
+/// Match condition for async_read_until: the end of a request head.
 std::pair<buffer_iterator, bool> match_head_end(buffer_iterator begin,
                                                 buffer_iterator end) {
-  for (auto it = begin; it != end; ++it) {
-    if (*it != '\n')
-      continue;
-    auto next = it + 1;
-    if (next == end)
-      return {it, false};
-    if (*next == '\n')
-      return {next + 1, true};
-    if (*next == '\r') {
-      if (next + 1 == end)
-        return {it, false};
-      if (*(next + 1) == '\n')
-        return {next + 2, true};
-    }
-  }
-  return {end, false};
-}
-
-struct request {
-  std::string method;
-  std::string path;   ///< without query string
-  int error_status{}; ///< non-zero when the request cannot be served
-};
-
-bool is_token_char(char c) {
-  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
-         (c >= '0' && c <= '9') ||
-         std::string_view("!#$%&'*+-.^_`|~").find(c) != std::string_view::npos;
-}
-
-/// Reads the request line; the headers are not needed to answer.
-request parse_request(std::string_view head) {
-  request r;
-  while (!head.empty() && (head.front() == '\r' || head.front() == '\n'))
-    head.remove_prefix(1);
-  auto line = head.substr(0, head.find('\n'));
-  if (!line.empty() && line.back() == '\r')
-    line.remove_suffix(1);
-  auto sp1 = line.find(' ');
-  auto sp2 = sp1 == line.npos ? line.npos : line.find(' ', sp1 + 1);
-  if (sp2 == line.npos || line.find(' ', sp2 + 1) != line.npos) {
-    r.error_status = 400;
-    return r;
-  }
-  auto method = line.substr(0, sp1);
-  auto target = line.substr(sp1 + 1, sp2 - sp1 - 1);
-  auto version = line.substr(sp2 + 1);
-  if (method.empty() ||
-      !std::all_of(method.begin(), method.end(), is_token_char) ||
-      version.substr(0, 5) != "HTTP/") {
-    r.error_status = 400;
-    return r;
-  }
-  if (version != "HTTP/1.1" && version != "HTTP/1.0") {
-    r.error_status = 505;
-    return r;
-  }
-  // Absolute form ("http://host:port/metrics"), as sent to proxies.
-  if (auto scheme = target.find("://");
-      scheme != target.npos && target.substr(0, 1) != "/") {
-    auto slash = target.find('/', scheme + 3);
-    target =
-      slash == target.npos ? std::string_view("/") : target.substr(slash);
-  }
-  if (target.empty() || target.front() != '/') {
-    r.error_status = 400;
-    return r;
-  }
-  r.method = method;
-  r.path = target.substr(0, target.find_first_of("?#"));
-  return r;
+  return find_request_head_end(begin, end);
 }
 
 std::string_view reason_phrase(int status) {
@@ -150,7 +80,7 @@ response error_response(int status) {
   return r;
 }
 
-response route(const request& req,
+response route(const http_request& req,
                const std::function<std::string()>& metrics_body) {
   if (req.error_status != 0)
     return error_response(req.error_status);
@@ -272,7 +202,7 @@ private:
     }
     auto begin = asio::buffers_begin(buffer_.data());
     std::string head(begin, begin + static_cast<std::ptrdiff_t>(n));
-    request req = parse_request(head);
+    http_request req = parse_http_request(head);
     write(serialize(route(req, server_.metrics_body), req.method == "HEAD"));
   }
 

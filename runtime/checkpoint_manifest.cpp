@@ -178,7 +178,12 @@ void write_manifest(const std::filesystem::path& dir,
 
 checkpoint_manifest read_manifest(const std::filesystem::path& dir) {
   const auto file = dir / manifest_file_name;
-  const std::string text = detail::read_small_file(file, max_manifest_bytes);
+  return parse_manifest(detail::read_small_file(file, max_manifest_bytes),
+                        file);
+}
+
+checkpoint_manifest parse_manifest(std::string_view text,
+                                   const std::filesystem::path& file) {
   if (text.empty())
     throw checkpoint_error(checkpoint_errc::truncated, file, "empty file");
 
@@ -190,6 +195,10 @@ checkpoint_manifest read_manifest(const std::filesystem::path& dir) {
     if (e.byte > text.size())
       throw checkpoint_error(checkpoint_errc::truncated, file,
                              std::string("the JSON ends early: ") + e.what());
+    throw checkpoint_error(checkpoint_errc::corrupt, file,
+                           std::string("not JSON: ") + e.what());
+  } catch (const json::exception& e) {
+    // out_of_range: a number no double holds (1e400).
     throw checkpoint_error(checkpoint_errc::corrupt, file,
                            std::string("not JSON: ") + e.what());
   }

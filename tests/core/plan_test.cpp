@@ -155,6 +155,16 @@ TEST(core_plan, from_json_rejects_non_json_and_non_objects) {
                       {"expected a JSON object"});
 }
 
+TEST(core_plan, a_number_too_large_for_a_double_is_invalid_json) {
+  // nlohmann throws out_of_range, not parse_error, for it (found by
+  // fuzz_plan_json, fuzz/corpus/plan_json/number-overflow.json).
+  expect_config_error(
+    [] {
+      plan_from_json(R"({"format": "h2-plan", "version": 1e400})", "p.json");
+    },
+    "", {"p.json", "invalid JSON", "number overflow"});
+}
+
 // ---------------------------------------------------------------------------
 // validate_plan against a job: two nodes, five chips, 4 layers, batch 8.
 

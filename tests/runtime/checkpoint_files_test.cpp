@@ -290,6 +290,38 @@ TEST(runtime_checkpoint_files, a_manifest_reads_back_as_written) {
   EXPECT_EQ(j["seed"].get<std::uint64_t>(), 0xfedcba9876543210ull);
 }
 
+TEST(runtime_checkpoint_files, a_manifest_parses_from_its_text_as_it_reads) {
+  temp_dir dir;
+  checkpoint_manifest m = sample_manifest(7);
+  m.files.push_back({layer_file_name(0), 0, 8, 0, {{"w", "F32", {2}}}});
+  write_manifest(dir.path(), m);
+  const auto bytes = read_bytes(manifest_path(dir.path()));
+  const std::string text(bytes.begin(), bytes.end());
+  EXPECT_EQ(parse_manifest(text, "elsewhere.json"), m);
+  try {
+    parse_manifest(text.substr(0, text.size() / 2), "elsewhere.json");
+    FAIL() << "half a manifest parsed";
+  } catch (const checkpoint_error& e) {
+    EXPECT_EQ(e.kind(), checkpoint_errc::truncated);
+    EXPECT_EQ(e.file(), "elsewhere.json");
+  }
+}
+
+TEST(runtime_checkpoint_files, a_number_too_large_for_a_double_is_corrupt) {
+  // nlohmann throws out_of_range, not parse_error, for it (found by
+  // fuzz_checkpoint_manifest, fuzz/corpus/checkpoint_manifest/
+  // number-overflow.json).
+  try {
+    parse_manifest(R"({"format": "h2-checkpoint", "step": 1e400})",
+                   "manifest.json");
+    FAIL() << "a number no double holds parsed";
+  } catch (const checkpoint_error& e) {
+    EXPECT_EQ(e.kind(), checkpoint_errc::corrupt) << e.what();
+    EXPECT_NE(std::string(e.what()).find("number overflow"), std::string::npos)
+      << e.what();
+  }
+}
+
 TEST(runtime_checkpoint_files, the_writer_rejects_inconsistent_tensors) {
   temp_dir dir;
   auto with = [](state_tensor t) {

@@ -111,6 +111,12 @@ std::filesystem::path write_checkpoint(const std::filesystem::path& root,
 /// version).
 checkpoint_manifest read_manifest(const std::filesystem::path& dir);
 
+/// What read_manifest does with the text of `file` once read: the same
+/// checks and errors (checkpoint_error naming `file`), for text from
+/// elsewhere (docs/fuzzing.md).
+checkpoint_manifest parse_manifest(std::string_view text,
+                                   const std::filesystem::path& file);
+
 /// Reads the layer file `record` describes, checking before allocating:
 /// its name, its size against record.bytes, the safetensors header, producer
 /// "h2" (else foreign) and layer metadata, the tensors against the record

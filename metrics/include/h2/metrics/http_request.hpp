@@ -1,0 +1,54 @@
+// The request side of the /metrics endpoint (http_server.hpp): where a
+// request head ends and what its request line asks for. Pure functions over
+// the bytes a client sent, which may be hostile (docs/architecture.md,
+// "Trust"); fuzzed (docs/fuzzing.md).
+#pragma once
+
+#include <iterator>
+#include <string>
+#include <string_view>
+#include <utility>
+
+namespace h2::metrics {
+
+/// What a request line asks for.
+struct http_request {
+  std::string method;   ///< a token ("GET", "HEAD", ...); empty on error
+  std::string path;     ///< starts with '/'; without query or fragment
+  int error_status = 0; ///< 400 or 505 when the request cannot be served
+};
+
+/// Where the request head in [begin, end) ends: the position after its
+/// blank line ("\r\n\r\n", or "\n\n" from lenient clients) and true, or
+/// where to resume the search once more bytes came and false. The match
+/// condition of the server's async_read_until; any forward iterator over
+/// chars.
+template <class Iterator>
+std::pair<Iterator, bool> find_request_head_end(Iterator begin, Iterator end) {
+  for (auto it = begin; it != end; ++it) {
+    if (*it != '\n')
+      continue;
+    auto next = std::next(it);
+    if (next == end)
+      return {it, false};
+    if (*next == '\n')
+      return {std::next(next), true};
+    if (*next == '\r') {
+      auto after = std::next(next);
+      if (after == end)
+        return {it, false};
+      if (*after == '\n')
+        return {std::next(after), true};
+    }
+  }
+  return {end, false};
+}
+
+/// Reads the request line of `head` (headers are not needed to answer):
+/// "METHOD TARGET HTTP/1.x", leading blank lines skipped; an absolute
+/// target ("http://host:port/metrics") is reduced to its path. A malformed
+/// line is error_status 400, another HTTP version 505. Never throws but
+/// std::bad_alloc.
+http_request parse_http_request(std::string_view head);
+
+} // namespace h2::metrics
