@@ -42,6 +42,7 @@ struct chip_state {
                  peer.to_string());
       link.channel = now->second.channel;
     }
+    next->progress = setup.progress; // the watchdog watches the same record
     if (worker)
       worker->detach_channels();
     worker.reset(); // its stage's memory goes first
@@ -113,6 +114,12 @@ caf::behavior chip_actor(caf::event_based_actor* self,
         w.set_throttle(factor);
         state->throttle = factor;
         return factor;
+      });
+    },
+    [state](hang_atom) {
+      return state->with_worker([&](runtime::stage_worker& w) {
+        w.hang_next_op();
+        return true;
       });
     },
     [state](layers_atom) {

@@ -14,6 +14,9 @@
 #include <caf/scoped_actor.hpp>
 #include <caf/send.hpp>
 
+#include <algorithm>
+#include <cmath>
+#include <sstream>
 #include <thread>
 #include <unistd.h>
 
@@ -25,6 +28,32 @@ std::string chips_of(const job_config& job, int rank) {
     if (c->id.node == rank)
       out += (out.empty() ? "" : ", ") + c->id.to_string();
   return out.empty() ? "no chips" : "chips " + out;
+}
+
+namespace {
+
+/// "2", "2.5", "300": a timeout's seconds, for messages.
+std::string seconds_of(std::chrono::milliseconds timeout) {
+  std::ostringstream out;
+  out << std::chrono::duration<double>(timeout).count();
+  return out.str();
+}
+
+} // namespace
+
+std::string never_joined(const std::vector<int>& ranks,
+                         const std::vector<int>& joined,
+                         std::chrono::milliseconds timeout) {
+  std::string missing;
+  int count = 0;
+  for (int r : ranks)
+    if (std::find(joined.begin(), joined.end(), r) == joined.end()) {
+      missing += (missing.empty() ? "" : ", ") + std::to_string(r);
+      ++count;
+    }
+  return (count == 1 ? "rank " : "ranks ") + missing + " of " +
+         std::to_string(ranks.size()) + " never joined within " +
+         seconds_of(timeout) + " s";
 }
 
 void register_cluster_types(caf::actor_system_config& cfg) {
@@ -84,11 +113,16 @@ node_outcome cluster_node::run() {
   eo.bind_host = options_.bind_host;
   eo.secret = options_.secret;
   eo.framing.crc = job.transport.crc;
+  eo.framing.send_timeout = std::chrono::milliseconds(
+    static_cast<std::int64_t>(std::ceil(job.transport.timeout_seconds * 1000)));
   eo.shm_ring_bytes = job.transport.shm_ring_bytes;
   eo.shm_heap_bytes = job.transport.shm_heap_bytes;
   eo.rdma_ring_bytes = job.transport.rdma_ring_bytes;
   eo.backends = transport::available_backends();
+  eo.log = options_.log;
   shared_->endpoint = std::make_unique<transport::endpoint>(eo);
+  shared_->watchdog =
+    std::make_shared<runtime::progress_watchdog>(job.watchdog);
   if (!job.checkpoint.dir.empty())
     shared_->writer = std::make_shared<runtime::checkpoint_writer>(
       job.checkpoint.dir, job.checkpoint.keep);
@@ -129,7 +163,8 @@ node_outcome cluster_node::run() {
         throw run_error(
           {errc::peer_lost, "node " + std::to_string(options_.rank) +
                               ": cannot reach the coordinator at " + where +
-                              " (" + system.render(c.error()) + ")"});
+                              " within " + seconds_of(options_.join_timeout) +
+                              " s (" + system.render(c.error()) + ")"});
       std::this_thread::sleep_for(std::chrono::milliseconds(200));
     }
   }
@@ -146,14 +181,24 @@ node_outcome cluster_node::run() {
   nctx.observer = leads ? nullptr : options_.observer;
   auto node = spawn_node_actor(system, nctx);
 
-  // Join: prove the secret against a fresh nonce.
+  // Join: prove the secret against a fresh nonce. The coordinator's own
+  // errors say why it refused; any other (no answer, its process gone) is
+  // a coordinator this node cannot reach.
   std::optional<failure> refused;
+  auto join_failed = [&](const caf::error& e) {
+    refused = to_failure(e);
+    if (e.category() != error_category)
+      refused = failure{
+        errc::peer_lost,
+        "node " + std::to_string(options_.rank) + ": the coordinator at " +
+          where + " did not answer its join (" + refused->message + ")"};
+  };
   std::string nonce;
   self
     ->request(coordinator, std::chrono::seconds(30), hello_atom::value,
               static_cast<std::int32_t>(options_.rank))
     .receive([&](std::string& n) { nonce = std::move(n); },
-             [&](caf::error& e) { refused = to_failure(e); });
+             [&](caf::error& e) { join_failed(e); });
   if (!refused) {
     node_join j;
     j.rank = options_.rank;
@@ -168,7 +213,7 @@ node_outcome cluster_node::run() {
     self
       ->request(coordinator, std::chrono::seconds(30), join_atom::value, j,
                 node)
-      .receive([](bool) {}, [&](caf::error& e) { refused = to_failure(e); });
+      .receive([](bool) {}, [&](caf::error& e) { join_failed(e); });
   }
   if (refused) {
     self->send_exit(node, caf::exit_reason::user_shutdown);
@@ -177,6 +222,26 @@ node_outcome cluster_node::run() {
     shared_->close_all();
     throw run_error(*refused);
   }
+  // Joined: from now on this node ends when the coordinator dies or falls
+  // silent, also before the job starts (the coordinator still waits for
+  // other nodes, plans, loads a checkpoint).
+  self->send(node, joined_atom::value);
+
+  // A stalled chip of this node fails the job: its op ends with
+  // stalled_error, which the coordinator reports as the root cause; this
+  // node's other waits end with the abort.
+  std::optional<runtime::stall> stalled;
+  std::mutex stalled_mutex;
+  runtime::watchdog_thread watchdog(
+    shared_->watchdog,
+    [&](const runtime::stall& s) {
+      {
+        std::lock_guard<std::mutex> guard(stalled_mutex);
+        stalled = s;
+      }
+      shared_->close_all();
+    },
+    [](const runtime::stall& s) { runtime::exit_stuck(s); });
 
   // Heartbeats (and stop requests) from a thread of their own: they must
   // flow while this node's actors block in their work.
@@ -225,8 +290,12 @@ node_outcome cluster_node::run() {
   shared_->close_all();
   if (shared_->writer)
     shared_->writer->close(); // before the actors its callbacks talk to go
-  if (failed)
+  if (failed) {
+    std::lock_guard<std::mutex> guard(stalled_mutex);
+    if (stalled) // whatever the chips answered, the stall is the cause
+      failed = failure{errc::stalled, stalled->message()};
     throw run_error(*failed);
+  }
   return outcome;
 }
 

@@ -10,6 +10,7 @@
 #include "h2/actors/messages.hpp"
 #include "h2/runtime/checkpointing.hpp"
 #include "h2/runtime/links.hpp"
+#include "h2/runtime/watchdog.hpp"
 #include "h2/transport/endpoint.hpp"
 
 #include <caf/actor.hpp>
@@ -172,6 +173,8 @@ struct node_shared {
   std::unique_ptr<transport::endpoint> endpoint;
   /// This node's checkpoint writer (the job's [checkpoint]); null: none.
   std::shared_ptr<runtime::checkpoint_writer> writer;
+  /// Watches this node's chips (runtime/watchdog.hpp).
+  std::shared_ptr<runtime::progress_watchdog> watchdog;
   std::mutex mutex;
   std::vector<std::shared_ptr<transport::channel>> channels;
 

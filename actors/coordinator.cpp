@@ -83,6 +83,9 @@ struct coordinator_state {
   };
   std::map<std::string, pending_join> nonces;
   std::map<int, member> members;
+  /// Every node must have joined by then (options.join_timeout after the
+  /// coordinator started).
+  std::chrono::steady_clock::time_point join_deadline;
   std::shared_ptr<run_context> ctx;
   std::unique_ptr<broadcast_observer> observer;
   caf::actor scheduler;
@@ -292,6 +295,8 @@ coordinator_actor(coordinator_self self, node_options options,
   self->state.options = std::move(options);
   self->state.waiter = std::move(waiter);
   self->state.writer = std::move(writer);
+  self->state.join_deadline =
+    std::chrono::steady_clock::now() + self->state.options.join_timeout;
   self->state.signer = std::make_unique<transport::control_signer>(
     self->state.options.secret, self->state.options.rank);
   self->state.verifier = std::make_unique<transport::control_verifier>(
@@ -372,6 +377,11 @@ coordinator_actor(coordinator_self self, node_options options,
                           "node " + std::to_string(j.rank) + " cannot join");
       self->monitor(node);
       st.members[j.rank] = {node, j, std::chrono::steady_clock::now()};
+      if (st.options.log)
+        st.options.log("node " + std::to_string(j.rank) + " joined (" +
+                       j.hostname + ", pid " + std::to_string(j.pid) +
+                       "): " + std::to_string(st.members.size()) + " of " +
+                       std::to_string(st.options.world_size) + " nodes");
       if (static_cast<int>(st.members.size()) == st.options.world_size)
         start_job(self);
       return true;
@@ -413,6 +423,19 @@ coordinator_actor(coordinator_self self, node_options options,
                      std::to_string(heartbeat_timeout.count()) + " s");
           return;
         }
+      // A node that never joins must not keep the others waiting: the job
+      // ends, naming it, and the nodes that joined end with it.
+      if (static_cast<int>(st.members.size()) < st.options.world_size &&
+          now >= st.join_deadline) {
+        std::vector<int> ranks, joined;
+        for (const auto& n : st.options.job->nodes)
+          ranks.push_back(n.rank);
+        for (const auto& [rank, m] : st.members)
+          joined.push_back(rank);
+        fail_job(self, errc::peer_lost,
+                 never_joined(ranks, joined, st.options.join_timeout));
+        return;
+      }
       self->delayed_send(self, heartbeat_interval, check_atom::value);
     },
   };

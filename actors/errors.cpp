@@ -1,6 +1,7 @@
 #include "h2/actors/errors.hpp"
 
 #include "h2/runtime/safetensors.hpp"
+#include "h2/runtime/watchdog.hpp"
 
 #include <caf/make_message.hpp>
 #include <caf/message.hpp>
@@ -35,6 +36,8 @@ std::string_view to_string(errc code) noexcept {
       return "step timeout";
     case errc::checkpoint:
       return "checkpoint";
+    case errc::stalled:
+      return "stalled";
   }
   return "unknown";
 }
@@ -81,6 +84,8 @@ caf::error current_exception_error() {
     return make_error(errc::internal, e.what());
   } catch (const runtime::checkpoint_error& e) {
     return make_error(errc::checkpoint, e.what());
+  } catch (const runtime::stalled_error& e) {
+    return make_error(errc::stalled, e.what());
   } catch (const std::exception& e) {
     return make_error(errc::failed, e.what());
   } catch (...) {

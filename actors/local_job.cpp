@@ -95,6 +95,9 @@ runtime::run_summary local_job::run(const run_options& opts,
   for (const auto* c : job_->chips())
     here[c->id.node].node_rank = 0;
   auto setups = runtime::make_worker_setups(job_, plan_, origin, cancel_);
+  ctx->watchdog = std::make_shared<runtime::progress_watchdog>(job_->watchdog);
+  for (auto& w : setups)
+    w.progress = ctx->watchdog->watch(w.assignment.chip);
   runtime::wire_channels(setups, runtime::assign_links(plan_, here, "")[0],
                          *job_, nullptr, transport::deadline::max(),
                          [this](const std::shared_ptr<transport::channel>& ch) {
@@ -113,6 +116,20 @@ runtime::run_summary local_job::run(const run_options& opts,
   }
 
   ctx->admin = opts.admin;
+  // A stalled chip fails the run: its op ends with stalled_error (the
+  // root cause the scheduler reports), every other wait with the abort.
+  std::optional<runtime::stall> stalled;
+  std::mutex stalled_mutex;
+  runtime::watchdog_thread watchdog(
+    ctx->watchdog,
+    [&](const runtime::stall& s) {
+      {
+        std::lock_guard<std::mutex> guard(stalled_mutex);
+        stalled = s;
+      }
+      abort();
+    },
+    [](const runtime::stall& s) { runtime::exit_stuck(s); });
   auto sched = spawn_scheduler(system, ctx);
   std::optional<runtime::run_summary> result;
   std::optional<failure> failed;
@@ -170,8 +187,12 @@ runtime::run_summary local_job::run(const run_options& opts,
     channels_.clear();
   }
   ctx->chips.clear();
-  if (failed)
+  if (failed) {
+    std::lock_guard<std::mutex> guard(stalled_mutex);
+    if (stalled) // whatever the chips answered, the stall is the cause
+      failed = failure{errc::stalled, stalled->message()};
     throw run_error(*failed);
+  }
   return *result;
 }
 

@@ -33,8 +33,10 @@ node_ready build_node(caf::event_based_actor* self, const node_context& ctx,
   std::vector<runtime::worker_setup> mine;
   for (auto& w :
        runtime::make_worker_setups(ctx.job, p, origin, ctx.shared->cancel))
-    if (w.assignment.chip.node == ctx.rank)
+    if (w.assignment.chip.node == ctx.rank) {
+      w.progress = ctx.shared->watchdog->watch(w.assignment.chip);
       mine.push_back(std::move(w));
+    }
   // A resumed run: each chip loads its own layers from the checkpoint
   // (the coordinator's node checked all of it); none crosses the network.
   std::vector<chip_options> options(mine.size());
@@ -79,6 +81,8 @@ struct node_state {
   drop_log drops;
   std::vector<caf::actor> chips;
   bool done = false;
+  /// Whether this node watches the coordinator yet (from its join on).
+  bool watching = false;
   /// When the coordinator last showed it lives (its heartbeats).
   std::chrono::steady_clock::time_point coordinator_seen =
     std::chrono::steady_clock::now();
@@ -118,6 +122,22 @@ bool from_coordinator(node_self self, std::string_view type,
   return false;
 }
 
+/// From the node's join on: ends the node when the coordinator's process
+/// ends or its connection breaks (a CAF monitor), or, on other ranks, when
+/// its heartbeats stop. Once only: the join and the first assignment both
+/// call it, in either order.
+void watch_coordinator(node_self self) {
+  auto& st = self->state;
+  if (st.watching)
+    return;
+  st.watching = true;
+  self->monitor(st.ctx.coordinator);
+  if (st.ctx.rank != st.ctx.coordinator_rank) {
+    st.coordinator_seen = std::chrono::steady_clock::now();
+    self->delayed_send(self, heartbeat_interval, check_atom::value);
+  }
+}
+
 caf::behavior node_actor(node_self self, node_context ctx) {
   self->state.ctx = std::move(ctx);
   self->state.verifier =
@@ -138,11 +158,7 @@ caf::behavior node_actor(node_self self, node_context ctx) {
                           "node " + std::to_string(self->state.ctx.rank) +
                             ": a plan assignment without the coordinator's "
                             "valid seal");
-      self->monitor(self->state.ctx.coordinator);
-      if (self->state.ctx.rank != self->state.ctx.coordinator_rank) {
-        self->state.coordinator_seen = std::chrono::steady_clock::now();
-        self->delayed_send(self, heartbeat_interval, check_atom::value);
-      }
+      watch_coordinator(self);
       try {
         return build_node(self, self->state.ctx, a, self->state.chips);
       } catch (...) {
@@ -150,12 +166,13 @@ caf::behavior node_actor(node_self self, node_context ctx) {
         return current_exception_error();
       }
     },
+    [self](joined_atom) { watch_coordinator(self); },
     [self](heartbeat_atom, const transport::control_seal& seal) {
       if (from_coordinator(self, coordinator_heartbeat, seal, "", "heartbeat"))
         self->state.coordinator_seen = std::chrono::steady_clock::now();
     },
     [self](check_atom) {
-      if (self->state.done)
+      if (self->state.done || !self->state.watching)
         return;
       if (std::chrono::steady_clock::now() - self->state.coordinator_seen >
           heartbeat_timeout) {

@@ -159,11 +159,25 @@ void gather(self_ptr self, OnAll on_all, Ts... xs) {
 void next_step(self_ptr self);
 void after_step(self_ptr self);
 
+/// Suspends this process's progress watchdog until `then` runs (a
+/// rebalance, a pause or a checkpoint wait is no stall), and returns what
+/// resumes it and runs `then`.
+std::function<void()> watchdog_held(self_ptr self, std::function<void()> then) {
+  auto& watchdog = self->state.ctx->watchdog;
+  if (!watchdog)
+    return then;
+  watchdog->suspend();
+  return [watchdog, then = std::move(then)] {
+    watchdog->resume(runtime::watchdog_clock::now());
+    then();
+  };
+}
+
 /// Runs `then` once no checkpoint is being written.
 void when_saved(self_ptr self, std::function<void()> then) {
   auto& st = self->state;
   if (st.saving)
-    st.after_save = std::move(then);
+    st.after_save = watchdog_held(self, std::move(then));
   else
     then();
 }
@@ -186,9 +200,10 @@ void save_checkpoint(self_ptr self, std::function<void()> then,
     return;
   }
   if (st.saving) {
-    st.after_save = [self, then = std::move(then), since = clock::now()] {
-      save_checkpoint(self, then, seconds_since(since));
-    };
+    st.after_save =
+      watchdog_held(self, [self, then = std::move(then), since = clock::now()] {
+        save_checkpoint(self, then, seconds_since(since));
+      });
     return;
   }
   const auto start = clock::now();
@@ -437,6 +452,16 @@ void run_drills(self_ptr self, std::function<void()> then) {
     return;
   }
   const auto& chip = st.ctx->chips[static_cast<std::size_t>(at - ids.begin())];
+  if (d.hang) {
+    self->request(chip, step_timeout(*st.ctx->job), hang_atom::value)
+      .then([self, then = std::move(then)](
+              bool) mutable { run_drills(self, std::move(then)); },
+            [self, chip = d.chip](caf::error& e) {
+              const auto f = request_failure(e, *self->state.ctx->job, chip);
+              fail(self, make_error(f.code, f.message));
+            });
+    return;
+  }
   self
     ->request(chip, step_timeout(*st.ctx->job), throttle_atom::value, d.factor)
     .then(
@@ -482,13 +507,12 @@ void next_step(self_ptr self) {
   if (st.pending) {
     auto change = std::move(*st.pending);
     st.pending.reset();
-    replan(self, std::move(change), [self] { next_step(self); });
+    replan(self, std::move(change),
+           watchdog_held(self, [self] { next_step(self); }));
     return;
   }
   if (st.paused) {
-    st.held = [self] {
-      next_step(self);
-    };
+    st.held = watchdog_held(self, [self] { next_step(self); });
     return;
   }
   runtime::step_command cmd{st.step, st.virtual_barrier};

@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <arpa/inet.h>
 #include <atomic>
+#include <chrono>
 #include <cstdlib>
 #include <iostream>
 #include <netdb.h>
@@ -147,6 +148,8 @@ int run_node(node_flags& nf) {
   o.coordinator_rank = lead;
   o.coordinator_host = nf.coordinator.substr(0, colon);
   o.coordinator_port = static_cast<std::uint16_t>(port);
+  o.join_timeout = std::chrono::ceil<std::chrono::milliseconds>(
+    std::chrono::duration<double>(job->cluster.join_timeout_seconds));
   o.bind_host =
     !nf.bind.empty() ? nf.bind : local_address_towards(o.coordinator_host);
   o.secret = std::make_shared<const transport::job_secret>(

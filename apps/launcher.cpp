@@ -17,12 +17,15 @@
 #include <fcntl.h>
 #include <filesystem>
 #include <fstream>
+#include <iomanip>
 #include <iostream>
+#include <limits>
 #include <map>
 #include <mutex>
 #include <optional>
 #include <regex>
 #include <spawn.h>
+#include <sstream>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <thread>
@@ -230,6 +233,12 @@ attempt run_nodes(const launch_state& ls, const run_flags& f,
       a.insert(a.end(), {"--restarts", std::to_string(restarts)});
     if (f.steps > 0)
       a.insert(a.end(), {"--steps", std::to_string(f.steps)});
+    if (f.join_timeout_seconds) {
+      std::ostringstream seconds;
+      seconds << std::setprecision(std::numeric_limits<double>::max_digits10)
+              << *f.join_timeout_seconds;
+      a.insert(a.end(), {"--join-timeout", seconds.str()});
+    }
     if (metrics)
       a.insert(a.end(),
                {"--metrics-port",

@@ -9,8 +9,9 @@
 #include "h2/scheduler/plan_builder.hpp"
 
 #include <algorithm>
-#include <cstring>
+#include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -56,6 +57,10 @@ void add_run_flags(CLI::App& cli, run_flags& f) {
                  "this plan (the same chips in the same order: other layer "
                  "boundaries, micro-batching, recomputation); repeatable. A "
                  "drill of live rebalancing (docs/rebalance.md)");
+  cli.add_option("--join-timeout", f.join_timeout_seconds,
+                 "SECONDS: with several processes, how long the coordinator "
+                 "waits for every node to join and a node tries to reach it "
+                 "(default: cluster.join_timeout_seconds, 300)");
 }
 
 int parse_and_run(CLI::App& cli, int argc, char** argv,
@@ -99,6 +104,15 @@ std::shared_ptr<job_config> load_job(const std::string& path,
     parse_job(job_text(path), path.empty() ? "built-in demo.toml" : path));
   if (flags.steps > 0)
     job->train.steps = flags.steps;
+  if (const auto& t = flags.join_timeout_seconds) {
+    // The job key's range, named by the flag.
+    if (!(std::isfinite(*t) && *t > 0 && *t <= 7 * 86400)) {
+      std::ostringstream msg;
+      msg << "expected a number of seconds in (0, 604800], got " << *t;
+      throw config_error("--join-timeout", msg.str());
+    }
+    job->cluster.join_timeout_seconds = *t;
+  }
   // H2_TRANSPORT overrides transport.backend (docs/job-file.md), as the
   // job file's own key would: the run reads the override from its config.
   if (const char* env = std::getenv("H2_TRANSPORT"); env != nullptr && *env) {

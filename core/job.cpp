@@ -560,6 +560,17 @@ void read_runtime(table_reader& root, job_config& job) {
   t->finish();
 }
 
+void read_watchdog(table_reader& root, job_config& job) {
+  auto t = root.maybe_table("watchdog");
+  if (!t)
+    return;
+  auto& w = job.watchdog;
+  w.factor = number_in(*t, "factor", w.factor, 0, 1e6);
+  w.floor_seconds =
+    number_in(*t, "floor_seconds", w.floor_seconds, 0, 7 * 86400, true);
+  t->finish();
+}
+
 void read_checkpoint(table_reader& root, job_config& job) {
   auto t = root.maybe_table("checkpoint");
   if (!t)
@@ -582,6 +593,16 @@ void read_restart(table_reader& root, job_config& job) {
     throw config_error(t->path("max"),
                        "a restart resumes from the last checkpoint: set "
                        "[checkpoint] dir too");
+  t->finish();
+}
+
+void read_cluster(table_reader& root, job_config& job) {
+  auto t = root.maybe_table("cluster");
+  if (!t)
+    return;
+  job.cluster.join_timeout_seconds =
+    number_in(*t, "join_timeout_seconds", job.cluster.join_timeout_seconds, 0,
+              7 * 86400, true);
   t->finish();
 }
 
@@ -633,11 +654,14 @@ void read_drills(table_reader& root, job_config& job) {
     table_reader t(*n.as_table(), path);
     drill d;
     d.step = positive_int(t, "step", std::nullopt, 0);
-    const bool throttle = t.has("throttle"), restore = t.has("restore");
-    if (throttle == restore)
+    const bool throttle = t.has("throttle"), restore = t.has("restore"),
+               hang = t.has("hang");
+    if (int{throttle} + int{restore} + int{hang} != 1)
       throw config_error(path, "expected one of throttle = \"<chip>\" "
-                               "(with factor) or restore = \"<chip>\"");
-    const std::string key = throttle ? "throttle" : "restore";
+                               "(with factor), restore = \"<chip>\" or "
+                               "hang = \"<chip>\"");
+    const std::string key =
+      throttle ? "throttle" : (restore ? "restore" : "hang");
     const auto text = t.required<std::string>(key);
     auto id = chip_id::parse(text);
     if (!id)
@@ -647,11 +671,12 @@ void read_drills(table_reader& root, job_config& job) {
     const chip_spec* chip = job.find_chip(*id);
     if (chip == nullptr)
       throw config_error(t.path(key), "no chip " + text + " in [[nodes]]");
-    if (chip->backend != device_backend::emulated)
+    if (!hang && chip->backend != device_backend::emulated)
       throw config_error(t.path(key), "chip " + text + " (" + chip->device +
                                         ") is not emulated: only emulated "
                                         "chips can be throttled");
     d.chip = *id;
+    d.hang = hang;
     if (throttle) {
       if (!t.has("factor"))
         throw config_error(t.path("factor"),
@@ -659,7 +684,8 @@ void read_drills(table_reader& root, job_config& job) {
       d.factor = number_in(t, "factor", 1, 0, 1000, true);
     } else if (t.has("factor")) {
       throw config_error(t.path("factor"),
-                         "a restore brings the chip back to factor 1");
+                         hang ? std::string("a hang takes no factor")
+                              : "a restore brings the chip back to factor 1");
     }
     t.finish();
     job.drills.push_back(d);
@@ -751,8 +777,10 @@ job_config parse_job(std::string_view toml_text, const std::string& origin) {
   read_metrics(top, job);
   read_transport(top, job);
   read_runtime(top, job);
+  read_watchdog(top, job);
   read_checkpoint(top, job);
   read_restart(top, job);
+  read_cluster(top, job);
   read_security(top, job);
   read_rebalance(top, job);
   read_drills(top, job);

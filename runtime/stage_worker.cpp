@@ -12,6 +12,7 @@
 #include <c10/util/Exception.h>
 
 #include <cmath>
+#include <thread>
 
 namespace h2::runtime {
 
@@ -302,7 +303,33 @@ void stage_worker::send(const chip_id& peer, std::uint64_t tag,
   ch.send(std::move(m));
 }
 
+void stage_worker::begin_op(const char* op, int micro_batch,
+                            std::optional<double> predicted) {
+  if (setup_.progress)
+    setup_.progress->begin(op, micro_batch, predicted.value_or(-1),
+                           watchdog_clock::now());
+  if (!hang_)
+    return;
+  hang_ = false;
+  for (;;) {
+    check_cancelled(); // how a hang ends: the watchdog, or an abort
+    if (setup_.cancel)
+      setup_.cancel->wait_until(std::chrono::steady_clock::now() +
+                                std::chrono::milliseconds(20));
+    else
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+}
+
+void stage_worker::end_op() {
+  if (setup_.progress)
+    setup_.progress->end(watchdog_clock::now());
+}
+
 void stage_worker::check_cancelled() const {
+  if (setup_.progress)
+    if (auto why = setup_.progress->stalled(); !why.empty())
+      throw stalled_error(why);
   if (setup_.cancel && setup_.cancel->cancelled())
     throw cancelled_error("chip " + device_->describe() + ": step aborted");
 }
@@ -361,6 +388,9 @@ chip_step_report stage_worker::run_step(const step_command& cmd) {
             ctx.batch[i] = data_->batch(model::split::train, cmd.step,
                                         setup_.first_sequence + mb * size, size,
                                         loss_scale_);
+          const auto predicted =
+            charged(forward_emulated, cmd.step, recorded_op::forward, mb);
+          begin_op("forward", mb, predicted);
           double w0 = clock.wall_now(), t0 = clock.now(),
                  v0 = clock.virtual_now();
           at::Tensor out;
@@ -372,8 +402,8 @@ chip_step_report stage_worker::run_step(const step_command& cmd) {
             out = stage_->forward(ctx.input[i], ctx.batch[i]);
           }
           device_->synchronize();
-          r.forward_seconds += device_->complete_op(
-            w0, charged(forward_emulated, cmd.step, recorded_op::forward, mb));
+          r.forward_seconds += device_->complete_op(w0, predicted);
+          end_op();
           ctx.forward_charged += clock.virtual_now() - v0;
           ctx.ops.push_back({recorded_op::forward, mb,
                              t0, clock.now(), clock.virtual_now() - v0});
@@ -394,6 +424,12 @@ chip_step_report stage_worker::run_step(const step_command& cmd) {
                     make_tag(tag_kind::gradient, cmd.step, mb), ctx, mb);
           break;
         case op_kind::backward: {
+          double seconds = backward_emulated;
+          if (recompute && seconds >= 0)
+            seconds += forward_emulated;
+          const auto predicted =
+            charged(seconds, cmd.step, recorded_op::backward, mb);
+          begin_op("backward", mb, predicted);
           double w0 = clock.wall_now(), t0 = clock.now(),
                  v0 = clock.virtual_now();
           at::Tensor out = std::move(ctx.output[i]);
@@ -412,11 +448,8 @@ chip_step_report stage_worker::run_step(const step_command& cmd) {
             ctx.input_grad[i] = ctx.input[i].grad();
           ctx.input[i] = at::Tensor();
           device_->synchronize();
-          double seconds = backward_emulated;
-          if (recompute && seconds >= 0)
-            seconds += forward_emulated;
-          r.backward_seconds += device_->complete_op(
-            w0, charged(seconds, cmd.step, recorded_op::backward, mb));
+          r.backward_seconds += device_->complete_op(w0, predicted);
+          end_op();
           ctx.backward_charged += clock.virtual_now() - v0;
           ctx.ops.push_back({recorded_op::backward, mb,
                              t0, clock.now(), clock.virtual_now() - v0});
@@ -456,20 +489,24 @@ chip_update_report stage_worker::apply_update(const update_command& cmd) {
     devices::thread_binding bind(*device_);
     auto& clock = device_->clock();
     clock.advance_virtual_to(cmd.virtual_barrier);
-    double w0 = clock.wall_now(), t0 = clock.now(), v0 = clock.virtual_now();
     double emulated_seconds = 0;
     for (const auto& l : stage_->layers()) {
-      model::adamw_update(*l, setup_.job->train, cmd.lr, cmd.step + 1,
-                          cmd.clip_coefficient);
       auto s = device_->optimizer_seconds(l->parameter_count());
       emulated_seconds =
         s && emulated_seconds >= 0 ? emulated_seconds + *s : -1;
     }
+    const auto predicted =
+      charged(emulated_seconds, cmd.step, recorded_op::optimizer, 0);
+    begin_op("optimizer", -1, predicted);
+    double w0 = clock.wall_now(), t0 = clock.now(), v0 = clock.virtual_now();
+    for (const auto& l : stage_->layers())
+      model::adamw_update(*l, setup_.job->train, cmd.lr, cmd.step + 1,
+                          cmd.clip_coefficient);
     device_->synchronize();
     chip_update_report r;
     r.chip = device_->id();
-    r.optimizer_seconds = device_->complete_op(
-      w0, charged(emulated_seconds, cmd.step, recorded_op::optimizer, 0));
+    r.optimizer_seconds = device_->complete_op(w0, predicted);
+    end_op();
     r.end = clocks();
     r.memory = memory_now();
     r.op = {recorded_op::optimizer, 0, t0, clock.now(),

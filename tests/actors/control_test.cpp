@@ -9,6 +9,8 @@
 #include "h2/actors/atoms.hpp"
 #include "test_jobs.hpp"
 
+#include <caf/after.hpp>
+#include <caf/event_based_actor.hpp>
 #include <caf/scoped_actor.hpp>
 
 #include <gtest/gtest.h>
@@ -144,6 +146,69 @@ TEST_F(actors_control, a_join_must_answer_a_nonce_handed_to_its_rank) {
   EXPECT_EQ(refused->code, actors::errc::unauthorized);
 }
 
+// Issue 13, item 6: the coordinator waits for the nodes that did not join
+// only options.join_timeout, then ends the job naming them and aborts the
+// ones that joined.
+TEST_F(actors_control, ranks_that_never_join_are_named_and_the_others_aborted) {
+  caf::scoped_actor waiter{system_}, node{system_};
+  auto options = options_;
+  options.join_timeout = 200ms;
+  auto coordinator =
+    actors::spawn_coordinator(system_, options, caf::actor{waiter}, nullptr);
+  std::string nonce;
+  node->request(coordinator, 10s, actors::hello_atom::value, 1)
+    .receive([&](std::string& n) { nonce = std::move(n); },
+             [](const caf::error& e) { ADD_FAILURE() << to_string(e); });
+  actors::node_join j;
+  j.rank = 1;
+  j.nonce = nonce;
+  j.proof = transport::join_proof(*secret_, nonce, 1);
+  j.job_digest = options.job_digest;
+  node->request(coordinator, 10s, actors::join_atom::value, j, caf::actor{node})
+    .receive([](bool) {},
+             [](const caf::error& e) { ADD_FAILURE() << to_string(e); });
+  std::optional<actors::failure> ended;
+  waiter->receive(
+    [&](actors::done_atom, const caf::error& e, const runtime::run_summary&,
+        const std::vector<runtime::parameter_values>&) {
+      ended = actors::to_failure(e);
+    },
+    caf::after(30s) >> [] { ADD_FAILURE() << "the coordinator waits on"; });
+  ASSERT_TRUE(ended.has_value());
+  EXPECT_EQ(ended->code, actors::errc::peer_lost);
+  EXPECT_EQ(ended->message, "rank 0 of 2 never joined within 0.2 s");
+  // Node 1 hears it, under the coordinator's seal (after its heartbeats).
+  transport::control_verifier verifier(secret_);
+  bool aborted = false;
+  while (!aborted)
+    node->receive(
+      [&](actors::abort_atom, std::uint8_t code, const std::string& why,
+          const transport::control_seal& seal) {
+        aborted = true;
+        EXPECT_EQ(static_cast<actors::errc>(code), actors::errc::peer_lost);
+        EXPECT_EQ(why, ended->message);
+        EXPECT_TRUE(verifier.accept(actors::abort_order, seal,
+                                    actors::abort_payload(code, why)));
+      },
+      [](actors::heartbeat_atom, const transport::control_seal&) {},
+      caf::after(10s) >>
+        [&] {
+          ADD_FAILURE() << "no abort reached node 1";
+          aborted = true;
+        });
+}
+
+TEST(actors_cluster, never_joined_names_the_missing_ranks) {
+  using std::chrono::milliseconds;
+  EXPECT_EQ(actors::never_joined({0, 1, 2}, {1, 0}, milliseconds(2000)),
+            "rank 2 of 3 never joined within 2 s");
+  EXPECT_EQ(actors::never_joined({0, 1, 2, 3}, {0}, milliseconds(5500)),
+            "ranks 1, 2, 3 of 4 never joined within 5.5 s");
+  // After an excluded node: the ranks the job has left.
+  EXPECT_EQ(actors::never_joined({0, 2, 3}, {0, 3}, milliseconds(300000)),
+            "rank 2 of 3 never joined within 300 s");
+}
+
 } // namespace
 } // namespace h2::test
 
@@ -218,6 +283,48 @@ TEST(actors_control_node,
       << log[0];
   }
   self->send_exit(node, caf::exit_reason::user_shutdown);
+}
+
+// Issue 13, item 6: a node watches the coordinator from its join on, not
+// only once the job starts: the coordinator's end ends the node.
+TEST(actors_control_node, a_joined_node_ends_when_the_coordinator_dies) {
+  caf::actor_system_config cfg;
+  actors::configure_actor_system(cfg);
+  actors::register_cluster_types(cfg);
+  caf::actor_system system{cfg};
+  caf::scoped_actor self{system};
+  actors::node_context ctx;
+  ctx.job = std::make_shared<const job_config>(
+    parse_job(small_job_toml(3) + demo_on_two_nodes, "control.toml"));
+  ctx.rank = 1;
+  ctx.coordinator_rank = 0;
+  ctx.secret =
+    std::make_shared<const transport::job_secret>("the job's secret");
+  ctx.shared = std::make_shared<actors::node_shared>();
+  ctx.shared->cancel = std::make_shared<cancellation>();
+  // A coordinator that admitted this node and then waits on other nodes.
+  auto coordinator = system.spawn([]() -> caf::behavior {
+    return {[](actors::hello_atom) {
+      return std::string("a nonce");
+    }};
+  });
+  ctx.coordinator = coordinator;
+  ctx.waiter = caf::actor{self};
+  auto node = actors::spawn_node_actor(system, ctx);
+  self->send(node, actors::joined_atom::value);
+  self->send_exit(coordinator, caf::exit_reason::kill);
+  std::optional<actors::failure> ended;
+  self->receive(
+    [&](actors::done_atom, const caf::error& e, const runtime::run_summary&,
+        const std::vector<runtime::parameter_values>&) {
+      ended = actors::to_failure(e);
+    },
+    caf::after(30s) >> [] { ADD_FAILURE() << "the node waits on"; });
+  ASSERT_TRUE(ended.has_value());
+  EXPECT_EQ(ended->code, actors::errc::peer_lost);
+  EXPECT_NE(ended->message.find("lost the coordinator (node 0)"),
+            std::string::npos)
+    << ended->message;
 }
 
 } // namespace

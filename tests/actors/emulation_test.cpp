@@ -211,5 +211,49 @@ chips = ["emulated:h100-sxm", "emulated:mi250x"]
   EXPECT_TRUE(obs.steps.empty());
 }
 
+/// A job of `chips` whose chip `hung` hangs at its first compute op of
+/// step 1 ([[drills]] hang), with a watchdog floor of 0.2 s.
+job_config hanging_job(const std::string& chips, const std::string& hung) {
+  return parse_job(small_model_toml + two_step_train_toml +
+                     "[emulation]\nclock = \"virtual\"\n"
+                     "[watchdog]\nfactor = 20\nfloor_seconds = 0.2\n"
+                     "[[nodes]]\nchips = " +
+                     chips + "\n[[drills]]\nstep = 1\nhang = \"" + hung +
+                     "\"\n",
+                   "hang.toml");
+}
+
+/// Runs `job`, which must fail with chip `chip` stalled in `what`.
+void expect_stalled(const job_config& job, const std::string& what,
+                    recording_observer& obs) {
+  try {
+    run_job(job, obs);
+    FAIL() << "expected a stalled chip";
+  } catch (const actors::run_error& e) {
+    EXPECT_EQ(e.code(), actors::errc::stalled) << e.what();
+    EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
+  }
+}
+
+TEST(actors_emulation, a_hung_chip_is_reported_as_stalled) {
+  // One chip, one stage: no neighbour would ever notice. Its forward of
+  // step 1 hangs until the watchdog gives up on it; the run fails with the
+  // chip named (no step timeout: that is 600 s away).
+  auto job = hanging_job("[\"emulated:h100-sxm\"]", "0:0");
+  ASSERT_EQ(job.runtime.step_timeout_seconds, 600);
+  recording_observer obs;
+  expect_stalled(job, "chip 0:0 stalled: its forward of micro-batch 0", obs);
+  EXPECT_EQ(obs.steps.size(), 1u); // step 0 trained
+}
+
+TEST(actors_emulation, a_hung_chip_is_named_not_its_waiting_neighbours) {
+  // Two stages: chip 0:0 waits for 0:1's gradients while 0:1 hangs; the
+  // stall is the root cause, not the neighbour's cancelled wait.
+  recording_observer obs;
+  expect_stalled(
+    hanging_job("[\"emulated:h100-sxm\", \"emulated:mi250x\"]", "0:1"),
+    "chip 0:1 stalled", obs);
+}
+
 } // namespace
 } // namespace h2::test

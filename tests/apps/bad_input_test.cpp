@@ -89,6 +89,9 @@ std::vector<bad_input_case> cases() {
             "micro_batch = 3", {"train.micro_batch", "global_batch"}),
     bad_job("unknown_key", "lr = 1e-3\n", "lr = 1e-3\nlearning_rate = 2\n",
             {"train.learning_rate", "unknown key"}),
+    bad_job("join_timeout_not_positive", "layers = [2, 3, 1]\n",
+            "layers = [2, 3, 1]\n\n[cluster]\njoin_timeout_seconds = -1\n",
+            {"cluster.join_timeout_seconds", "got -1"}),
     {"broken_toml",
      [](const scratch_dir& dir) {
        std::string text = replaced(small_job, "[train]\n", "[train\n");
@@ -133,6 +136,10 @@ std::vector<bad_input_case> cases() {
     bad_flags("steps_zero", {"--steps", "0"}, {"--steps"}),
     bad_flags("metrics_port_out_of_range", {"--metrics-port", "70000"},
               {"--metrics-port"}),
+    bad_flags("join_timeout_zero", {"--join-timeout", "0"},
+              {"--join-timeout", "got 0"}),
+    bad_flags("join_timeout_not_a_number", {"--join-timeout", "soon"},
+              {"--join-timeout"}),
     bad_flags("replan_without_a_step", {"--replan", "plan.json"},
               {"--replan", "STEP:PLAN.json"}),
     {"replan_onto_other_chips",

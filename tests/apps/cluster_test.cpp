@@ -9,11 +9,14 @@
 
 #include <gtest/gtest.h>
 
+#include <arpa/inet.h>
 #include <csignal>
 #include <cstdlib>
 #include <fstream>
+#include <netinet/in.h>
 #include <regex>
 #include <sstream>
+#include <sys/socket.h>
 #include <unistd.h>
 
 namespace h2::test {
@@ -100,6 +103,28 @@ protected:
 
   scratch_dir dir_;
 };
+
+TEST_F(apps_cluster,
+       a_hung_chip_is_reported_as_stalled_in_one_process_and_over_nodes) {
+  // docs/cli.md, "Stalled chips": chip 1:0 hangs at step 2; the watchdog of
+  // the process that runs it names it, and the run ends with exit code 1 in
+  // h2-launch and over two h2-node processes alike.
+  auto job = dir_.write("hang.toml",
+                        small_job + "\n[watchdog]\nfloor_seconds = 0.5\n"
+                                    "[[drills]]\nstep = 2\nhang = \"1:0\"\n");
+  for (const std::string nodes : {"1", "2"}) {
+    std::vector<std::string> args = {job.string(), "--no-metrics"};
+    if (nodes != "1")
+      args.insert(args.end(), {"--nodes", nodes});
+    auto r = run_to_end(launch_binary, args, dir_, run_timeout);
+    EXPECT_TRUE(r.status.exited && r.status.code == 1)
+      << nodes << " node(s): " << r.status.describe() << "\n"
+      << r.err;
+    EXPECT_NE(r.err.find("chip 1:0 stalled: its "), std::string::npos)
+      << nodes << " node(s):\n"
+      << r.err;
+  }
+}
 
 TEST_F(apps_cluster, demo_over_nodes_is_bitwise_the_single_process_run) {
   auto one = dir_.write("one.toml", demo_job(R"([[nodes]]
@@ -518,6 +543,101 @@ TEST_F(apps_cluster, bad_node_flags_are_one_line_errors) {
   expect_one_line(r.err);
   EXPECT_NE(r.err.find("H2_TRANSPORT"), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("carrier-pigeon"), std::string::npos) << r.err;
+}
+
+// Issue 13, item 6: start-up is bounded. small_job with a third node that
+// holds no stage, so a job of three processes can miss one.
+const std::string three_node_job =
+  replaced(small_job, "\n[plan]\n",
+           "\n[[nodes]]\nchips = [\"emulated:h100-sxm\"]\n\n[plan]\n");
+
+class apps_cluster_start : public apps_cluster {
+protected:
+  /// Starts h2-node `rank` of three_node_job at `coordinator` (rank 0:
+  /// "127.0.0.1:0", any free port) with `--join-timeout seconds`.
+  std::unique_ptr<child_process> start_node(int rank,
+                                            const std::string& coordinator,
+                                            const std::string& seconds) {
+    const auto r = std::to_string(rank);
+    return std::make_unique<child_process>(
+      node_binary,
+      std::vector<std::string>{"--job", job_.string(), "--node-rank", r,
+                               "--world-size", "3", "--coordinator",
+                               coordinator, "--secret-file", secret_.string(),
+                               "--join-timeout", seconds, "--no-metrics"},
+      dir_ / ("out" + r + ".txt"), dir_ / ("err" + r + ".txt"));
+  }
+
+  std::filesystem::path job_ = dir_.write("job.toml", three_node_job);
+  std::filesystem::path secret_ =
+    dir_.write_private("secret", "0123456789abcdef0123456789abcdef");
+};
+
+TEST_F(apps_cluster_start, a_rank_that_never_joins_is_named_and_exits_3) {
+  auto rank0 = start_node(0, "127.0.0.1:0", "2");
+  const std::string coordinator = coordinator_of(*rank0);
+  ASSERT_FALSE(coordinator.empty()) << rank0->err();
+  auto rank1 = start_node(1, coordinator, "2");
+  // Rank 2 is never started: two seconds after the coordinator listens,
+  // it names rank 2 and tells rank 1 why the job ends.
+  auto s0 = rank0->wait(run_timeout);
+  auto s1 = rank1->wait(run_timeout);
+  EXPECT_NE(rank0->out().find("h2: node 1 joined"), std::string::npos)
+    << rank0->out();
+  for (const auto& [s, err] :
+       {std::pair{s0, rank0->err()}, {s1, rank1->err()}}) {
+    EXPECT_TRUE(s.exited && s.code == 3) << s.describe() << err;
+    expect_one_line(err);
+    EXPECT_NE(err.find("h2-node: training failed (peer lost): rank 2 of 3 "
+                       "never joined within 2 s"),
+              std::string::npos)
+      << err;
+  }
+  EXPECT_TRUE(step_lines(rank0->out()).empty());
+}
+
+TEST_F(apps_cluster_start,
+       a_joined_node_exits_when_the_coordinator_dies_before_the_start) {
+  // A join timeout far beyond the test's kill-timeout: only the watch on
+  // the coordinator can end rank 1 in time.
+  auto rank0 = start_node(0, "127.0.0.1:0", "3600");
+  const std::string coordinator = coordinator_of(*rank0);
+  ASSERT_FALSE(coordinator.empty()) << rank0->err();
+  auto rank1 = start_node(1, coordinator, "3600");
+  ASSERT_TRUE(rank0->wait_until(
+    [&] { return rank0->out().find("h2: node 1 joined") != std::string::npos; },
+    run_timeout))
+    << rank0->out() << rank0->err();
+  rank0->send(SIGKILL); // the job has not started: rank 2 is missing
+  auto s1 = rank1->wait(run_timeout);
+  EXPECT_TRUE(s1.exited && s1.code == 3) << s1.describe() << rank1->err();
+  expect_one_line(rank1->err());
+  EXPECT_NE(rank1->err().find("lost the coordinator (node 0)"),
+            std::string::npos)
+    << rank1->err();
+}
+
+TEST_F(apps_cluster_start, a_node_that_cannot_reach_the_coordinator_exits_3) {
+  // A port bound but not listening: every connection is refused.
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(fd, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(addr);
+  ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  ASSERT_EQ(::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len), 0);
+  const std::string nowhere =
+    "127.0.0.1:" + std::to_string(ntohs(addr.sin_port));
+  auto rank1 = start_node(1, nowhere, "1");
+  auto s1 = rank1->wait(run_timeout);
+  ::close(fd);
+  EXPECT_TRUE(s1.exited && s1.code == 3) << s1.describe() << rank1->err();
+  expect_one_line(rank1->err());
+  EXPECT_NE(rank1->err().find("node 1: cannot reach the coordinator at " +
+                              nowhere + " within 1 s"),
+            std::string::npos)
+    << rank1->err();
 }
 
 /// Two network namespaces joined by a veth pair: two hosts by the host

@@ -259,6 +259,13 @@ TEST(core_job, runtime_section) {
   EXPECT_EQ(job.runtime.step_timeout_seconds, 2.5);
 }
 
+TEST(core_job, cluster_section) {
+  EXPECT_EQ(parse_job(base_job, "<string>").cluster.join_timeout_seconds, 300);
+  job_config job = parse_job(
+    base_job + "\n[cluster]\njoin_timeout_seconds = 2.5\n", "<string>");
+  EXPECT_EQ(job.cluster.join_timeout_seconds, 2.5);
+}
+
 TEST(core_job, checkpoint_section) {
   EXPECT_TRUE(parse_job(base_job, "<string>").checkpoint.dir.empty());
   job_config job = parse_job(
@@ -743,6 +750,21 @@ const bad_job bad_jobs[] = {
    {},
    "\n[runtime]\nstep_timeout = 5\n",
    "runtime.step_timeout",
+   {"unknown key"}},
+  {"zero_join_timeout",
+   {},
+   "\n[cluster]\njoin_timeout_seconds = 0\n",
+   "cluster.join_timeout_seconds",
+   {"got 0"}},
+  {"negative_join_timeout",
+   {},
+   "\n[cluster]\njoin_timeout_seconds = -5\n",
+   "cluster.join_timeout_seconds",
+   {"got -5"}},
+  {"unknown_cluster_key",
+   {},
+   "\n[cluster]\njoin_timeout = 5\n",
+   "cluster.join_timeout",
    {"unknown key"}},
   {"checkpoint_without_dir",
    {},

@@ -17,11 +17,15 @@ using saved_atom = caf::atom_constant<caf::atom("saved")>;
 using layers_atom = caf::atom_constant<caf::atom("layers")>;
 using replan_atom = caf::atom_constant<caf::atom("replan")>;
 using throttle_atom = caf::atom_constant<caf::atom("throttle")>;
+/// [[drills]] hang: the chip's next compute op waits until the watchdog or
+/// an abort ends it.
+using hang_atom = caf::atom_constant<caf::atom("hang")>;
 using admin_poll_atom = caf::atom_constant<caf::atom("admin_poll")>;
 
 // The cluster: joining, assignments, liveness, the end of a job.
 using hello_atom = caf::atom_constant<caf::atom("hello")>;
 using join_atom = caf::atom_constant<caf::atom("join")>;
+using joined_atom = caf::atom_constant<caf::atom("joined")>;
 using assign_atom = caf::atom_constant<caf::atom("assign")>;
 using finish_atom = caf::atom_constant<caf::atom("finish")>;
 using abort_atom = caf::atom_constant<caf::atom("abort")>;

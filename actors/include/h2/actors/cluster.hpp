@@ -49,14 +49,24 @@ struct node_options {
   runtime::training_observer* observer = nullptr;
   /// Non-zero: stop at the next step boundary (any rank may ask).
   std::shared_ptr<std::atomic<int>> stop;
-  /// How long to wait for the coordinator and for every node to join.
-  std::chrono::seconds join_timeout{60};
+  /// Rank 0: how long the coordinator waits, once it listens, for every
+  /// node to join; past it the job fails (errc::peer_lost) naming the
+  /// ranks that never came (never_joined). Other ranks: how long they try
+  /// to reach the coordinator. cluster.join_timeout_seconds.
+  std::chrono::milliseconds join_timeout{std::chrono::seconds(300)};
   /// Rank 0: called once the coordinator listens, with its port.
   std::function<void(std::uint16_t)> on_listening;
   /// Rank 0: called with one line per channel between nodes (which chips,
   /// which backend) once the job is planned. May be empty.
   std::function<void(const std::string&)> log;
 };
+
+/// "rank 2 of 3 never joined within 2 s", "ranks 2, 3 of 4 never joined
+/// within 5 s": why a job whose nodes `ranks` did not all join within
+/// `timeout` ends (`joined`: the ranks that did, in any order).
+std::string never_joined(const std::vector<int>& ranks,
+                         const std::vector<int>& joined,
+                         std::chrono::milliseconds timeout);
 
 /// How a node's run ended.
 struct node_outcome {

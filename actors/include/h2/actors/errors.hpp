@@ -28,9 +28,10 @@ enum class errc : std::uint8_t {
   cancelled, ///< aborted by this process (second signal, shutdown)
   bad_config,
   internal,
-  failed, ///< any other failure
+  failed,       ///< any other failure
   step_timeout, ///< a chip did not answer within runtime.step_timeout_seconds
   checkpoint,   ///< a checkpoint could not be written or read
+  stalled,      ///< the watchdog gave up on a chip's op (runtime/watchdog.hpp)
 };
 
 /// The caf::error category atom of H2's errors.

@@ -10,6 +10,7 @@
 #include "h2/runtime/admin.hpp"
 #include "h2/runtime/checkpointing.hpp"
 #include "h2/runtime/observer.hpp"
+#include "h2/runtime/watchdog.hpp"
 
 #include <caf/actor.hpp>
 #include <caf/actor_system.hpp>
@@ -48,6 +49,9 @@ struct run_context {
   /// Admin commands (docs/admin.md): the scheduler opens it when training
   /// starts and answers what arrives between its messages. Null: none.
   std::shared_ptr<runtime::admin_inbox> admin;
+  /// This process's progress watchdog, suspended while a rebalance, a
+  /// pause or a checkpoint wait is in progress (null: none).
+  std::shared_ptr<runtime::progress_watchdog> watchdog;
 };
 
 /// How long one per-step request to a chip (set-up, step, update,

@@ -37,11 +37,14 @@ struct run_flags {
   std::string resume; ///< checkpoint directory, "latest" or "" (none)
   /// --replan STEP:PLAN.json, as given (a drill: move layers live).
   std::vector<std::string> replans;
+  /// --join-timeout: overrides cluster.join_timeout_seconds (jobs over
+  /// several h2-node processes).
+  std::optional<double> join_timeout_seconds;
 };
 
 /// Adds --steps, --json-log, --trace, --plan, --export, --metrics-port,
-/// --no-metrics, --admin-port, --quiet, --stop-after, --resume and --replan
-/// to `cli`.
+/// --no-metrics, --admin-port, --quiet, --stop-after, --resume, --replan and
+/// --join-timeout to `cli`.
 void add_run_flags(CLI::App& cli, run_flags& flags);
 
 /// Parses `argv` into `cli` (a parse error is a config_error: one line,
@@ -49,9 +52,9 @@ void add_run_flags(CLI::App& cli, run_flags& flags);
 int parse_and_run(CLI::App& cli, int argc, char** argv,
                   const std::string& program, const std::function<int()>& body);
 
-/// The job (the built-in demo when `path` is empty), with --steps and the
-/// H2_TRANSPORT environment variable (transport.backend) applied. Throws
-/// config_error.
+/// The job (the built-in demo when `path` is empty), with --steps,
+/// --join-timeout and the H2_TRANSPORT environment variable
+/// (transport.backend) applied. Throws config_error.
 std::shared_ptr<job_config> load_job(const std::string& path,
                                      const run_flags& flags);
 

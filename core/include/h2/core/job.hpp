@@ -157,6 +157,18 @@ struct runtime_config {
   double step_timeout_seconds = 600;
 };
 
+/// [watchdog]: when a chip's op counts as stalled (docs/cli.md, "Stalled
+/// chips"): once it has run longer than `factor` times its predicted time
+/// and longer than `floor_seconds`.
+struct watchdog_config {
+  /// 0 turns the watchdog off. 20: far beyond any throttle or noise a
+  /// healthy chip shows, yet minutes before runtime.step_timeout_seconds.
+  double factor = 20;
+  /// No op is stalled sooner: covers slow first steps (allocator warm-up,
+  /// sanitizer builds) and ops without a prediction.
+  double floor_seconds = 60;
+};
+
 /// [checkpoint]: where and how often the job saves its training state
 /// (docs/checkpoints.md). Without the table, nothing is saved.
 struct checkpoint_config {
@@ -170,6 +182,17 @@ struct checkpoint_config {
 /// resume from the last complete checkpoint, at most `max` times.
 struct restart_config {
   int max = 0; ///< 0: a failed node ends the job
+};
+
+/// [cluster]: how the h2-node processes of a job find each other.
+struct cluster_config {
+  /// How long the coordinator waits for every node to join once it
+  /// listens, and how long a node tries to reach the coordinator, seconds.
+  /// Past it the job ends with exit code 3 naming the ranks that never
+  /// came. 300: cluster schedulers start the processes of one job minutes
+  /// apart at worst, yet a missing node is reported, not waited for.
+  /// h2-node --join-timeout overrides it.
+  double join_timeout_seconds = 300;
 };
 
 /// [rebalance] policy: whether the job rebalances by its own decision.
@@ -205,11 +228,14 @@ struct rebalance_config {
 void check_rebalance_config(const rebalance_config& config);
 
 /// One [[drills]] entry: before step `step` starts, emulated chip `chip`
-/// runs `factor` times slower than its profile (restore: factor 1 again).
+/// runs `factor` times slower than its profile (restore: factor 1 again),
+/// or (hang) chip `chip`'s next compute op hangs until the watchdog or an
+/// abort ends it.
 struct drill {
   int step = 0;
   chip_id chip;
   double factor = 1;
+  bool hang = false;
 };
 
 /// [admin]: the authenticated admin endpoint (docs/admin.md), served by
@@ -246,8 +272,10 @@ struct job_config {
   metrics_config metrics;
   transport_config transport;
   runtime_config runtime;
+  watchdog_config watchdog;
   checkpoint_config checkpoint;
   restart_config restart;
+  cluster_config cluster;
   security_config security;
   rebalance_config rebalance;
   std::vector<drill> drills; ///< in step order

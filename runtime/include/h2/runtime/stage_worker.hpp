@@ -6,13 +6,14 @@
 // message per op (docs/architecture.md, "A step").
 #pragma once
 
-#include "h2/runtime/reports.hpp"
-#include "h2/runtime/stage_state.hpp"
 #include "h2/core/job.hpp"
 #include "h2/core/plan.hpp"
 #include "h2/devices/device_context.hpp"
 #include "h2/model/data.hpp"
 #include "h2/model/stage.hpp"
+#include "h2/runtime/reports.hpp"
+#include "h2/runtime/stage_state.hpp"
+#include "h2/runtime/watchdog.hpp"
 #include "h2/scheduler/schedule.hpp"
 #include "h2/transport/channel.hpp"
 
@@ -67,6 +68,9 @@ struct worker_setup {
   devices::chip_clock::wall_clock::time_point origin;
   /// Cancelled when the job aborts: waits end, the op loop stops.
   std::shared_ptr<const cancellation> cancel;
+  /// Where the worker publishes the compute op it is in, for the progress
+  /// watchdog (null: no watchdog).
+  std::shared_ptr<chip_progress> progress;
 
   /// Closes every channel: waiting neighbours fail with peer_closed.
   void close_channels() const noexcept;
@@ -128,14 +132,26 @@ public:
   void set_throttle(double factor);
   double throttle() const noexcept { return throttle_; }
 
+  /// The next compute op hangs, as a wedged kernel would, until the
+  /// watchdog gives up on it (stalled_error) or the job is cancelled (a
+  /// drill: [[drills]] hang).
+  void hang_next_op() noexcept { hang_ = true; }
+
   devices::device_context& device() noexcept { return *device_; }
   model::stage& stage() noexcept { return *stage_; }
   const worker_setup& setup() const noexcept { return setup_; }
 
 private:
   struct op_context;
-  /// Throws cancelled_error once the job is cancelled.
+  /// Throws stalled_error once the watchdog gave up on this chip,
+  /// cancelled_error once the job is cancelled.
   void check_cancelled() const;
+  /// Publishes compute op `op` of `micro_batch` predicted to take
+  /// `predicted` (nullopt: measured) to the watchdog, and hangs there when
+  /// hang_next_op() asked for it.
+  void begin_op(const char* op, int micro_batch,
+                std::optional<double> predicted);
+  void end_op();
   memory_report memory_now() const;
   clock_pair clocks() const;
   double layer_seconds(devices::pass p) const;
@@ -165,6 +181,7 @@ private:
   std::chrono::duration<double> timeout_;
   double loss_scale_ = 1; ///< 1 / tokens of the global batch
   double throttle_ = 1;
+  bool hang_ = false;
   /// Each layer's share of the stage's forward (backward) time: its
   /// emulated seconds, or its FLOPs on a real device.
   std::vector<double> forward_share_, backward_share_;
