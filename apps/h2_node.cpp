@@ -60,7 +60,7 @@ std::string local_address_towards(const std::string& host) {
   if (::getaddrinfo(host.c_str(), "9", &hints, &res) != 0 || res == nullptr)
     return "127.0.0.1";
   std::string out = "127.0.0.1";
-  int fd = ::socket(AF_INET, SOCK_DGRAM, 0);
+  int fd = ::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
   sockaddr_in local{};
   socklen_t len = sizeof(local);
   if (fd >= 0 && ::connect(fd, res->ai_addr, res->ai_addrlen) == 0 &&
@@ -205,16 +205,12 @@ int run_node(node_flags& nf) {
   apps::reporter reporter(*job, ro, metrics.registry());
   o.observer = &reporter;
 
-  // A second signal aborts the node; the watcher may fire before the node
-  // exists.
-  std::atomic<actors::cluster_node*> running{nullptr};
-  apps::signal_watcher signals([&running] {
-    if (auto* n = running.load())
-      n->abort();
-  });
+  // A second signal aborts the node while it lives (the watcher may fire
+  // before it exists, and outlives it).
+  apps::signal_watcher signals(nullptr);
   o.stop = signals.stop_flag();
   actors::cluster_node node(o);
-  running.store(&node);
+  const auto abort_node = signals.aborting([&node] { node.abort(); });
   actors::node_outcome outcome;
   try {
     outcome = node.run();

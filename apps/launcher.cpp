@@ -92,8 +92,14 @@ void relay(int fd, FILE* to, const std::string& prefix,
 void spawn(child& c, const std::vector<std::string>& args,
            const std::function<void(const std::string&)>& on_line) {
   int out[2], err[2];
-  if (::pipe2(out, O_CLOEXEC) != 0 || ::pipe2(err, O_CLOEXEC) != 0)
+  if (::pipe2(out, O_CLOEXEC) != 0)
     throw error(std::string("cannot create pipes: ") + std::strerror(errno));
+  if (::pipe2(err, O_CLOEXEC) != 0) {
+    const int e = errno;
+    ::close(out[0]);
+    ::close(out[1]);
+    throw error(std::string("cannot create pipes: ") + std::strerror(e));
+  }
   posix_spawn_file_actions_t actions;
   posix_spawn_file_actions_init(&actions);
   posix_spawn_file_actions_adddup2(&actions, out[1], 1);
@@ -129,30 +135,50 @@ void spawn(child& c, const std::vector<std::string>& args,
   c.err_reader = std::thread(relay, c.err, stderr, prefix, nullptr);
 }
 
-/// A private temporary directory (removed by the caller).
-std::string make_temp_dir() {
-  char tmpl[] = "/tmp/h2-launch-XXXXXX";
-  if (::mkdtemp(tmpl) == nullptr)
-    throw error(std::string("cannot create a temporary directory: ") +
-                std::strerror(errno));
-  return tmpl;
-}
+/// A private temporary directory (mode 700), removed with everything in
+/// it when this goes: on every way out of a launch, exceptions included.
+class temp_dir {
+public:
+  temp_dir() {
+    char tmpl[] = "/tmp/h2-launch-XXXXXX";
+    if (::mkdtemp(tmpl) == nullptr)
+      throw error(std::string("cannot create a temporary directory: ") +
+                  std::strerror(errno));
+    path_ = tmpl;
+  }
+  ~temp_dir() {
+    std::error_code ignored;
+    std::filesystem::remove_all(path_, ignored);
+  }
+  temp_dir(const temp_dir&) = delete;
+  temp_dir& operator=(const temp_dir&) = delete;
+
+  const std::string& path() const noexcept { return path_; }
+
+private:
+  std::string path_;
+};
 
 /// A random secret in a file of `dir` only this user can read.
 std::string make_secret_file(const std::string& dir) {
   std::string path = dir + "/secret";
   unsigned char bytes[32];
   random_bytes(bytes, sizeof(bytes)); // throws random_error when the RNG fails
-  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-  if (fd < 0)
-    throw error("cannot write " + path);
+  std::string text;
   for (unsigned char b : bytes) {
     char hexpair[3];
     std::snprintf(hexpair, sizeof(hexpair), "%02x", b);
-    if (::write(fd, hexpair, 2) != 2)
-      throw error("cannot write " + path);
+    text += hexpair;
   }
+  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  if (fd < 0)
+    throw error("cannot write " + path + ": " + std::strerror(errno));
+  const bool written =
+    ::write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size());
+  const int e = errno;
   ::close(fd);
+  if (!written)
+    throw error("cannot write " + path + ": " + std::strerror(e));
   return path;
 }
 
@@ -407,14 +433,14 @@ int launch_nodes(const launch_options& o) {
     throw config_error(
       "--nodes", std::to_string(o.nodes) + " processes but the job declares " +
                    std::to_string(job->nodes.size()) + " [[nodes]]");
-  std::string tmpdir = make_temp_dir();
+  const temp_dir tmp;
   std::string secret = job->security.secret_file;
   if (secret.empty())
-    secret = make_secret_file(tmpdir);
+    secret = make_secret_file(tmp.path());
   std::string job_path = o.job_path;
   if (job_path.empty()) {
     // The built-in demo, written out so every node reads the same text.
-    job_path = tmpdir + "/demo.toml";
+    job_path = tmp.path() + "/demo.toml";
     std::ofstream(job_path) << job_text("");
   }
   signal_watcher signals(nullptr);
@@ -453,7 +479,6 @@ int launch_nodes(const launch_options& o) {
                  latest ? ("resuming from " + latest->string()).c_str()
                         : "from step 0 (no checkpoint yet)");
   }
-  std::filesystem::remove_all(tmpdir);
   return a.code;
 }
 

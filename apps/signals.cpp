@@ -50,9 +50,24 @@ signal_watcher::signal_watcher(std::function<void()> on_abort, bool announce)
                        name);
         if (on_abort_)
           on_abort_();
+        std::lock_guard<std::mutex> guard(scoped_mutex_);
+        if (scoped_abort_)
+          scoped_abort_();
       }
     }
   });
+}
+
+signal_watcher::abort_scope::abort_scope(signal_watcher& watcher,
+                                         std::function<void()> on_abort)
+    : watcher_(watcher) {
+  std::lock_guard<std::mutex> guard(watcher_.scoped_mutex_);
+  watcher_.scoped_abort_ = std::move(on_abort);
+}
+
+signal_watcher::abort_scope::~abort_scope() {
+  std::lock_guard<std::mutex> guard(watcher_.scoped_mutex_);
+  watcher_.scoped_abort_ = nullptr;
 }
 
 signal_watcher::~signal_watcher() {

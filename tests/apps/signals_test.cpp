@@ -2,9 +2,14 @@
 // signal, the JSON log complete), the second aborts the step in flight.
 #include "launch.hpp"
 
+#include "h2/apps/signals.hpp"
+
 #include <gtest/gtest.h>
 
 #include <signal.h>
+#include <sys/wait.h>
+#include <thread>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -159,6 +164,42 @@ TEST_F(apps_signals_abort, second_sigterm_aborts_the_step_in_flight) {
   std::string text = read_text(log);
   EXPECT_TRUE(text.empty() || text.back() == '\n') << text;
   json_log(text);
+}
+
+TEST(apps_signal_watcher, a_second_signal_aborts_only_while_the_scope_lives) {
+  // In a child process: the test binary's other threads do not block the
+  // stop signals, the child's only ones (main and the watcher) do.
+  pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    apps::block_stop_signals();
+    std::atomic<int> calls{0};
+    apps::signal_watcher watcher(nullptr, false);
+    // Signals of one kind do not queue: each waits for the last to count.
+    auto signal_and_wait = [&](int count) {
+      ::kill(::getpid(), SIGTERM);
+      for (int i = 0; i < 500 && watcher.stop_flag()->load() < count; ++i)
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    };
+    {
+      const auto scope = watcher.aborting([&] { ++calls; });
+      signal_and_wait(1); // stop
+      signal_and_wait(2); // abort: calls the scope's
+      for (int i = 0; i < 500 && calls.load() == 0; ++i)
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    // The scope is gone (the node it aborted is next): no more calls.
+    signal_and_wait(3);
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    ::_exit(watcher.stop_flag()->load() == 3 && calls.load() == 1
+              ? 0
+              : 10 + calls.load());
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status))
+    << "the child died of signal " << WTERMSIG(status);
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "10 + calls of the abort";
 }
 
 } // namespace

@@ -6,6 +6,7 @@
 #include <atomic>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <thread>
 
 namespace h2::apps {
@@ -32,11 +33,32 @@ public:
   /// The last signal received (0: none).
   int signal() const noexcept { return signal_.load(); }
 
+  /// While it lives, a second signal also calls `on_abort` (on the
+  /// watcher's thread): how what is made after the watcher, a node, gets
+  /// aborted. Its end waits for a call in progress, so declared after what
+  /// it aborts, it ends first and nothing is called on a dead object.
+  class abort_scope {
+  public:
+    abort_scope(signal_watcher& watcher, std::function<void()> on_abort);
+    ~abort_scope();
+    abort_scope(const abort_scope&) = delete;
+    abort_scope& operator=(const abort_scope&) = delete;
+
+  private:
+    signal_watcher& watcher_;
+  };
+  [[nodiscard]] std::unique_ptr<abort_scope>
+  aborting(std::function<void()> on_abort) {
+    return std::make_unique<abort_scope>(*this, std::move(on_abort));
+  }
+
 private:
   std::shared_ptr<std::atomic<int>> stop_;
   std::atomic<int> signal_{0};
   std::atomic<bool> done_{false};
   std::function<void()> on_abort_;
+  std::mutex scoped_mutex_; ///< held while scoped_abort_ runs
+  std::function<void()> scoped_abort_;
   bool announce_;
   std::thread thread_;
 };
