@@ -1,13 +1,17 @@
 # H2's two-command set-up: `make demo` and `make test` (README.md).
 # Both install the Debian packages that are missing, configure and build;
 # `make bench` runs the benchmarks into build/bench-results.json; `make fuzz`
-# runs every fuzz target under libFuzzer (docs/fuzzing.md).
+# runs every fuzz target under libFuzzer (docs/fuzzing.md); `make
+# test-asan` runs the suite under ASan + UBSan and `make test-tsan` the
+# transport and runtime tests under TSan (.ci/run runs all three suites).
 
 BUILD_DIR  ?= build
 BUILD_TYPE ?= Release
 # CI machines have 2 cores and libtorch translation units take ~1.5 GB each.
 JOBS       ?= 2
 CTEST_ARGS ?=
+# Extra cache entries for a new build directory's configure.
+CMAKE_ARGS ?=
 
 # Everything the build, the tests and the demo need, from Debian 12
 # (python3-torch and python3-numpy: tests/python, docs/export.md).
@@ -28,7 +32,11 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 FUZZ_BUILD_DIR ?= build-fuzz
 FUZZ_RUNS      ?= 500000
 
-.PHONY: all deps configure build demo test bench fuzz clean
+# The sanitizer builds: their own directories, no benchmarks.
+ASAN_BUILD_DIR ?= build-asan
+TSAN_BUILD_DIR ?= build-tsan
+
+.PHONY: all deps configure build demo test test-asan test-tsan bench fuzz clean
 
 all: build
 
@@ -44,7 +52,7 @@ deps:
 	fi
 
 $(BUILD_DIR)/CMakeCache.txt: | deps
-	cmake -S . -B $(BUILD_DIR) -DCMAKE_BUILD_TYPE=$(BUILD_TYPE)
+	cmake -S . -B $(BUILD_DIR) -DCMAKE_BUILD_TYPE=$(BUILD_TYPE) $(CMAKE_ARGS)
 
 configure: deps $(BUILD_DIR)/CMakeCache.txt
 
@@ -57,6 +65,28 @@ demo: configure
 
 test: build
 	ctest --test-dir $(BUILD_DIR) --output-on-failure -j $(JOBS) $(CTEST_ARGS)
+
+# Every test, built with ASan + UBSan (BUILD_TYPE=Sanitize). Leaks are
+# reported (LeakSanitizer) except those tests/lsan.supp names, each with
+# its reason.
+test-asan:
+	ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 \
+	LSAN_OPTIONS=suppressions=$(CURDIR)/tests/lsan.supp:print_suppressions=0 \
+	UBSAN_OPTIONS=print_stacktrace=1 \
+	$(MAKE) test BUILD_DIR=$(ASAN_BUILD_DIR) BUILD_TYPE=Sanitize \
+	  CMAKE_ARGS=-DH2_BUILD_BENCH=OFF
+
+# The transport and runtime tests (their threads share the most state),
+# built with TSan. libtorch and OpenMP are not instrumented: one OpenMP
+# thread, and tests/tsan.supp for their internals only.
+test-tsan: deps
+	cmake -S . -B $(TSAN_BUILD_DIR) -DCMAKE_BUILD_TYPE=ThreadSanitize \
+	  -DH2_BUILD_BENCH=OFF
+	cmake --build $(TSAN_BUILD_DIR) -j $(JOBS) --target tsan_tests
+	OMP_NUM_THREADS=1 \
+	TSAN_OPTIONS="suppressions=$(CURDIR)/tests/tsan.supp halt_on_error=1 second_deadlock_stack=1" \
+	ctest --test-dir $(TSAN_BUILD_DIR) --output-on-failure -j $(JOBS) \
+	  -L '^(transport|runtime)$$' $(CTEST_ARGS)
 
 bench: build
 	bench/run.sh $(BUILD_DIR)
