@@ -121,6 +121,18 @@ node_outcome cluster_node::run() {
   eo.backends = transport::available_backends();
   eo.log = options_.log;
   shared_->endpoint = std::make_unique<transport::endpoint>(eo);
+  if (options_.log) { // where an operator (or a flood) finds the channels
+    const auto& a = shared_->endpoint->address();
+    std::string where;
+    if (a.tcp_port != 0)
+      where += "tcp " + a.tcp_host + ":" + std::to_string(a.tcp_port);
+    if (!a.shm_socket.empty())
+      where += (where.empty() ? "shm @" : ", shm @") + a.shm_socket;
+    if (!a.rdma_device.empty())
+      where += ", rdma " + a.rdma_device + ":" + std::to_string(a.rdma_port);
+    options_.log("node " + std::to_string(options_.rank) + " (pid " +
+                 std::to_string(::getpid()) + "): channels listen on " + where);
+  }
   shared_->watchdog =
     std::make_shared<runtime::progress_watchdog>(job.watchdog);
   if (!job.checkpoint.dir.empty())

@@ -303,11 +303,15 @@ TEST(actors_control_node, a_joined_node_ends_when_the_coordinator_dies) {
   ctx.shared = std::make_shared<actors::node_shared>();
   ctx.shared->cancel = std::make_shared<cancellation>();
   // A coordinator that admitted this node and then waits on other nodes.
-  auto coordinator = system.spawn([]() -> caf::behavior {
-    return {[](actors::hello_atom) {
-      return std::string("a nonce");
-    }};
-  });
+  // (Spawned with an argument: CAF 0.17 dereferences a null argument
+  // tuple for an actor spawned without any, which UBSan reports.)
+  auto coordinator = system.spawn(
+    [](const std::string& nonce) -> caf::behavior {
+      return {[nonce](actors::hello_atom) {
+        return nonce;
+      }};
+    },
+    std::string("a nonce"));
   ctx.coordinator = coordinator;
   ctx.waiter = caf::actor{self};
   auto node = actors::spawn_node_actor(system, ctx);

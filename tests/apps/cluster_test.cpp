@@ -11,12 +11,17 @@
 
 #include <arpa/inet.h>
 #include <csignal>
+#include <cstddef>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
+#include <iostream>
 #include <netinet/in.h>
 #include <regex>
 #include <sstream>
+#include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 namespace h2::test {
@@ -124,6 +129,109 @@ TEST_F(apps_cluster,
       << nodes << " node(s):\n"
       << r.err;
   }
+}
+
+/// Threads of process `pid` now (/proc/<pid>/status; -1 once it is gone).
+int threads_of(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/status");
+  std::string line;
+  while (std::getline(in, line))
+    if (line.rfind("Threads:", 0) == 0)
+      return std::stoi(line.substr(8));
+  return -1;
+}
+
+/// A connected socket to `addr` (sockaddr_in or abstract sockaddr_un), -1
+/// when the connect fails.
+int connect_silently(int family, const sockaddr* addr, socklen_t len) {
+  int fd = ::socket(family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd >= 0 && ::connect(fd, addr, len) == 0)
+    return fd;
+  if (fd >= 0)
+    ::close(fd);
+  return -1;
+}
+
+TEST_F(apps_cluster, a_node_survives_a_flood_of_silent_connections) {
+  // Issue 13: 4,000 connections that never speak, to node 1's tcp and shm
+  // listeners while the job trains. Its threads stay bounded (at most 64
+  // handshakes at once per endpoint, docs/transport.md "Bounds"), and the
+  // training goes on.
+  constexpr int flood = 4000;
+  rlimit limit{};
+  ::getrlimit(RLIMIT_NOFILE, &limit);
+  limit.rlim_cur = std::min<rlim_t>(limit.rlim_max, flood + 1000);
+  ::setrlimit(RLIMIT_NOFILE, &limit);
+  ASSERT_GE(limit.rlim_cur, rlim_t{flood + 200}) << "needs descriptors";
+
+  auto job = dir_.write("job.toml", small_job);
+  child_process child(launch_binary,
+                      {job.string(), "--nodes", "2", "--steps", "1000000",
+                       "--no-metrics", "--json-log",
+                       (dir_ / "log.jsonl").string()},
+                      dir_ / "stdout.txt", dir_ / "stderr.txt");
+  static const std::regex listening(
+    R"(\[node 1\] h2: node 1 \(pid (\d+)\): channels listen on tcp ([0-9.]+):(\d+), shm @(\S+))");
+  std::smatch m;
+  std::string out;
+  ASSERT_TRUE(child.wait_until(
+    [&] {
+      out = child.out();
+      return std::regex_search(out, m, listening) &&
+             logged_steps(read_text(dir_ / "log.jsonl")) >= 2;
+    },
+    run_timeout))
+    << child.out() << child.err();
+  const pid_t node = std::stoi(m[1]);
+  sockaddr_in tcp{};
+  tcp.sin_family = AF_INET;
+  tcp.sin_port = htons(static_cast<std::uint16_t>(std::stoi(m[3])));
+  ASSERT_EQ(::inet_pton(AF_INET, std::string(m[2]).c_str(), &tcp.sin_addr), 1);
+  const std::string shm_name = m[4];
+  sockaddr_un shm{};
+  shm.sun_family = AF_UNIX;
+  std::memcpy(shm.sun_path + 1, shm_name.data(), shm_name.size());
+  const auto shm_len = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) +
+                                              1 + shm_name.size());
+
+  const int before = threads_of(node);
+  ASSERT_GT(before, 0);
+  int most = before;
+  std::vector<int> silent;
+  for (int i = 0; i < flood; ++i) {
+    const bool over_tcp = i % 2 == 0;
+    int fd =
+      over_tcp
+        ? connect_silently(AF_INET, reinterpret_cast<sockaddr*>(&tcp),
+                           sizeof(tcp))
+        : connect_silently(AF_UNIX, reinterpret_cast<sockaddr*>(&shm), shm_len);
+    ASSERT_GE(fd, 0) << "connection " << i << ": " << std::strerror(errno);
+    silent.push_back(fd);
+    if (i % 50 == 0)
+      most = std::max(most, threads_of(node));
+  }
+  // Training goes on under the flood: more steps are logged.
+  const int steps = logged_steps(read_text(dir_ / "log.jsonl"));
+  EXPECT_TRUE(child.wait_until(
+    [&] {
+      most = std::max(most, threads_of(node));
+      return logged_steps(read_text(dir_ / "log.jsonl")) >= steps + 3;
+    },
+    run_timeout))
+    << child.err();
+  std::cout << "node 1: " << before << " threads before the flood, at most "
+            << most << " during it\n";
+  // Two listeners, 64 handshakes each at most, and a few of the runtime's
+  // own that come and go.
+  EXPECT_LE(most, before + 2 * 64 + 16)
+    << "threads before the flood: " << before;
+  for (int fd : silent)
+    ::close(fd);
+  child.send(SIGTERM); // a clean stop at the next step boundary
+  auto status = child.wait(run_timeout);
+  EXPECT_TRUE(status.exited && status.code == 128 + SIGTERM)
+    << status.describe() << "\n"
+    << child.err();
 }
 
 TEST_F(apps_cluster, demo_over_nodes_is_bitwise_the_single_process_run) {
