@@ -35,6 +35,11 @@ FUZZ_RUNS      ?= 500000
 # The sanitizer builds: their own directories, no benchmarks.
 ASAN_BUILD_DIR ?= build-asan
 TSAN_BUILD_DIR ?= build-tsan
+# Runtime tests that compare against the same step run by CAF actors.
+# Debian's libcaf_core is not built with TSan: it hands each message to an
+# actor through queues TSan cannot see, so every actor's first look at its
+# own behaviour reads as a race. Those two run under ASan + UBSan instead.
+TSAN_EXCLUDE := runtime_stage_worker[.](one_1f1b_step_without_actors_equals_actors|state_moves_to_another_plan_and_training_goes_on)
 
 .PHONY: all deps configure build demo test test-asan test-tsan bench fuzz clean
 
@@ -86,7 +91,7 @@ test-tsan: deps
 	OMP_NUM_THREADS=1 \
 	TSAN_OPTIONS="suppressions=$(CURDIR)/tests/tsan.supp halt_on_error=1 second_deadlock_stack=1" \
 	ctest --test-dir $(TSAN_BUILD_DIR) --output-on-failure -j $(JOBS) \
-	  -L '^(transport|runtime)$$' $(CTEST_ARGS)
+	  -L '^(transport|runtime)$$' -E '$(TSAN_EXCLUDE)' $(CTEST_ARGS)
 
 bench: build
 	bench/run.sh $(BUILD_DIR)
