@@ -242,18 +242,8 @@ node_outcome cluster_node::run() {
   // A stalled chip of this node fails the job: its op ends with
   // stalled_error, which the coordinator reports as the root cause; this
   // node's other waits end with the abort.
-  std::optional<runtime::stall> stalled;
-  std::mutex stalled_mutex;
   runtime::watchdog_thread watchdog(
-    shared_->watchdog,
-    [&](const runtime::stall& s) {
-      {
-        std::lock_guard<std::mutex> guard(stalled_mutex);
-        stalled = s;
-      }
-      shared_->close_all();
-    },
-    [](const runtime::stall& s) { runtime::exit_stuck(s); });
+    shared_->watchdog, [this](const runtime::stall&) { shared_->close_all(); });
 
   // Heartbeats (and stop requests) from a thread of their own: they must
   // flow while this node's actors block in their work.
@@ -303,8 +293,7 @@ node_outcome cluster_node::run() {
   if (shared_->writer)
     shared_->writer->close(); // before the actors its callbacks talk to go
   if (failed) {
-    std::lock_guard<std::mutex> guard(stalled_mutex);
-    if (stalled) // whatever the chips answered, the stall is the cause
+    if (auto stalled = watchdog.stalled())
       failed = failure{errc::stalled, stalled->message()};
     throw run_error(*failed);
   }

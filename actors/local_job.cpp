@@ -118,18 +118,8 @@ runtime::run_summary local_job::run(const run_options& opts,
   ctx->admin = opts.admin;
   // A stalled chip fails the run: its op ends with stalled_error (the
   // root cause the scheduler reports), every other wait with the abort.
-  std::optional<runtime::stall> stalled;
-  std::mutex stalled_mutex;
-  runtime::watchdog_thread watchdog(
-    ctx->watchdog,
-    [&](const runtime::stall& s) {
-      {
-        std::lock_guard<std::mutex> guard(stalled_mutex);
-        stalled = s;
-      }
-      abort();
-    },
-    [](const runtime::stall& s) { runtime::exit_stuck(s); });
+  runtime::watchdog_thread watchdog(ctx->watchdog,
+                                    [this](const runtime::stall&) { abort(); });
   auto sched = spawn_scheduler(system, ctx);
   std::optional<runtime::run_summary> result;
   std::optional<failure> failed;
@@ -188,8 +178,7 @@ runtime::run_summary local_job::run(const run_options& opts,
   }
   ctx->chips.clear();
   if (failed) {
-    std::lock_guard<std::mutex> guard(stalled_mutex);
-    if (stalled) // whatever the chips answered, the stall is the cause
+    if (auto stalled = watchdog.stalled())
       failed = failure{errc::stalled, stalled->message()};
     throw run_error(*failed);
   }

@@ -142,26 +142,31 @@ watchdog_thread::~watchdog_thread() {
   thread_.join();
 }
 
+std::optional<stall> watchdog_thread::stalled() const {
+  std::lock_guard<std::mutex> guard(mutex_);
+  return found_;
+}
+
 void watchdog_thread::run() {
   std::unique_lock<std::mutex> lock(mutex_);
-  std::optional<stall> found;
-  while (!found) {
+  while (!found_) {
     if (wake_.wait_for(lock, interval_, [this] { return stop_; }))
       return;
     auto stalls = watchdog_->check(watchdog_clock::now());
     if (!stalls.empty())
-      found = stalls.front();
+      found_ = stalls.front();
   }
-  watchdog_->watch(found->chip)->set_stalled(found->message());
+  const stall found = *found_;
+  watchdog_->watch(found.chip)->set_stalled(found.message());
   lock.unlock();
   if (on_stall_)
-    on_stall_(*found);
+    on_stall_(found);
   lock.lock();
   if (wake_.wait_for(lock, grace_, [this] { return stop_; }))
     return;
   lock.unlock();
   if (on_stuck_)
-    on_stuck_(*found);
+    on_stuck_(found);
 }
 
 } // namespace h2::runtime

@@ -68,19 +68,31 @@ protected:
     return r;
   }
 
+  /// Starts the small job over two nodes with steps enough to train until
+  /// stopped, no metrics, and a JSON log (steps_logged()).
+  std::unique_ptr<child_process> start_endless_job_on_two_nodes() {
+    auto job = dir_.write("job.toml", small_job);
+    return std::make_unique<child_process>(
+      launch_binary,
+      std::vector<std::string>{job.string(), "--nodes", "2", "--steps",
+                               "1000000", "--no-metrics", "--json-log",
+                               (dir_ / "log.jsonl").string()},
+      dir_ / "stdout.txt", dir_ / "stderr.txt");
+  }
+
+  /// Steps in the JSON log of start_endless_job_on_two_nodes() so far.
+  int steps_logged() const {
+    return logged_steps(read_text(dir_ / "log.jsonl"));
+  }
+
   /// Runs the small job over two nodes, sends `sig` to node `rank` once a
   /// few steps are logged, and returns h2-launch's stderr after checking
   /// that the run ended with exit code 3 (a lost peer).
   std::string fail_node(int rank, int sig) {
-    auto job = dir_.write("job.toml", small_job);
-    child_process child(launch_binary,
-                        {job.string(), "--nodes", "2", "--steps", "1000000",
-                         "--no-metrics", "--json-log",
-                         (dir_ / "log.jsonl").string()},
-                        dir_ / "stdout.txt", dir_ / "stderr.txt");
-    EXPECT_TRUE(child.wait_until(
-      [&] { return logged_steps(read_text(dir_ / "log.jsonl")) >= 3; },
-      run_timeout))
+    auto started = start_endless_job_on_two_nodes();
+    child_process& child = *started;
+    EXPECT_TRUE(
+      child.wait_until([&] { return steps_logged() >= 3; }, run_timeout))
       << child.err();
     pid_t victim = node_pid(child.pid(), rank);
     EXPECT_GT(victim, 0) << "no h2-node of rank " << rank;
@@ -164,12 +176,8 @@ TEST_F(apps_cluster, a_node_survives_a_flood_of_silent_connections) {
   ::setrlimit(RLIMIT_NOFILE, &limit);
   ASSERT_GE(limit.rlim_cur, rlim_t{flood + 200}) << "needs descriptors";
 
-  auto job = dir_.write("job.toml", small_job);
-  child_process child(launch_binary,
-                      {job.string(), "--nodes", "2", "--steps", "1000000",
-                       "--no-metrics", "--json-log",
-                       (dir_ / "log.jsonl").string()},
-                      dir_ / "stdout.txt", dir_ / "stderr.txt");
+  auto started = start_endless_job_on_two_nodes();
+  child_process& child = *started;
   static const std::regex listening(
     R"(\[node 1\] h2: node 1 \(pid (\d+)\): channels listen on tcp ([0-9.]+):(\d+), shm @(\S+))");
   std::smatch m;
@@ -177,8 +185,7 @@ TEST_F(apps_cluster, a_node_survives_a_flood_of_silent_connections) {
   ASSERT_TRUE(child.wait_until(
     [&] {
       out = child.out();
-      return std::regex_search(out, m, listening) &&
-             logged_steps(read_text(dir_ / "log.jsonl")) >= 2;
+      return std::regex_search(out, m, listening) && steps_logged() >= 2;
     },
     run_timeout))
     << child.out() << child.err();
@@ -211,11 +218,11 @@ TEST_F(apps_cluster, a_node_survives_a_flood_of_silent_connections) {
       most = std::max(most, threads_of(node));
   }
   // Training goes on under the flood: more steps are logged.
-  const int steps = logged_steps(read_text(dir_ / "log.jsonl"));
+  const int steps = steps_logged();
   EXPECT_TRUE(child.wait_until(
     [&] {
       most = std::max(most, threads_of(node));
-      return logged_steps(read_text(dir_ / "log.jsonl")) >= steps + 3;
+      return steps_logged() >= steps + 3;
     },
     run_timeout))
     << child.err();

@@ -116,6 +116,8 @@ TEST(runtime_watchdog, the_thread_reports_the_first_stall_once_and_marks_it) {
       [&](const stall&) { ++stuck; }, 1ms, 3600s);
     std::unique_lock<std::mutex> lock(m);
     ASSERT_TRUE(reported.wait_for(lock, 20s, [&] { return stalls > 0; }));
+    ASSERT_TRUE(thread.stalled().has_value());
+    EXPECT_EQ(thread.stalled()->chip, (chip_id{1, 0}));
   } // stopped within its grace: not stuck
   EXPECT_EQ(stalls.load(), 1);
   EXPECT_EQ(stuck.load(), 0);

@@ -119,22 +119,26 @@ private:
 [[noreturn]] void exit_stuck(const stall& s);
 
 /// Checks a watchdog every `interval` on a thread of its own, from
-/// construction to destruction. At the first stall it calls `on_stall`
-/// once (the caller fails the run), marks the chip's progress stalled, and
-/// when the process is still running `grace` later (an op that cannot be
-/// interrupted), calls `on_stuck`.
+/// construction to destruction. At the first stall it marks the chip's
+/// progress stalled, keeps the stall (stalled()) and calls `on_stall` once
+/// (the caller aborts the run); when the process is still running `grace`
+/// later (an op that cannot be interrupted), it calls `on_stuck`.
 class watchdog_thread {
 public:
-  watchdog_thread(
-    std::shared_ptr<progress_watchdog> watchdog,
-    std::function<void(const stall&)> on_stall,
-    std::function<void(const stall&)> on_stuck,
-    std::chrono::milliseconds interval = std::chrono::milliseconds(250),
-    std::chrono::seconds grace = std::chrono::seconds(30));
+  watchdog_thread(std::shared_ptr<progress_watchdog> watchdog,
+                  std::function<void(const stall&)> on_stall,
+                  std::function<void(const stall&)> on_stuck = exit_stuck,
+                  std::chrono::milliseconds interval =
+                    std::chrono::milliseconds(250),
+                  std::chrono::seconds grace = std::chrono::seconds(30));
   ~watchdog_thread();
 
   watchdog_thread(const watchdog_thread&) = delete;
   watchdog_thread& operator=(const watchdog_thread&) = delete;
+
+  /// The stall found, if any: whatever the chips answered after it, the
+  /// cause a failed run reports.
+  std::optional<stall> stalled() const;
 
 private:
   void run();
@@ -143,9 +147,10 @@ private:
   std::function<void(const stall&)> on_stall_, on_stuck_;
   std::chrono::milliseconds interval_;
   std::chrono::seconds grace_;
-  std::mutex mutex_;
+  mutable std::mutex mutex_;
   std::condition_variable wake_;
   bool stop_ = false;
+  std::optional<stall> found_;
   std::thread thread_;
 };
 
