@@ -223,10 +223,14 @@ void start_job(coordinator_self self) {
     for (auto& [rank, links] : runtime::assign_links(p, addresses, forced)) {
       if (st.options.log)
         for (const auto& l : links)
-          if (l.dial) // once per channel between nodes
+          if (l.dial) { // once per channel between nodes
+            const auto path = runtime::device_path(
+              *job.find_chip(l.peer), *job.find_chip(l.local), l.backend);
             st.options.log("channel " + l.peer.to_string() + " <-> " +
                            l.local.to_string() + ": " + l.backend +
-                           (forced == "auto" ? "" : " (forced)"));
+                           (forced == "auto" ? "" : " (forced)") +
+                           (path.empty() ? "" : ", " + path));
+          }
       assignments[rank].links = std::move(links);
     }
   } catch (const std::exception& e) {

@@ -5,6 +5,7 @@
 #include "h2/actors/local_job.hpp"
 #include "h2/apps/exit_codes.hpp"
 #include "h2/apps/launcher.hpp"
+#include "h2/apps/opcheck.hpp"
 #include "h2/apps/reporter.hpp"
 #include "h2/apps/session.hpp"
 #include "h2/apps/signals.hpp"
@@ -18,6 +19,10 @@ using namespace h2;
 
 int run_in_process(const std::string& job_path, const apps::run_flags& f) {
   auto job = apps::load_job(job_path, f);
+  if (job->ditorch.check)
+    if (int rc = apps::check_chip_operators(*job, job->chips(), std::cout);
+        rc != apps::exit_ok)
+      return rc;
   auto chosen = apps::choose_plan(f, *job);
   auto resume = apps::resume_from(f, *job);
   actors::local_job local(job, chosen.value);

@@ -4,6 +4,7 @@
 #include "h2/actors/cluster.hpp"
 #include "h2/actors/errors.hpp"
 #include "h2/apps/exit_codes.hpp"
+#include "h2/apps/opcheck.hpp"
 #include "h2/apps/reporter.hpp"
 #include "h2/apps/session.hpp"
 #include "h2/apps/signals.hpp"
@@ -138,6 +139,18 @@ int run_node(node_flags& nf) {
     throw config_error("security.secret_file",
                        "missing: nodes prove the job's secret to each other; "
                        "set it in the job file or pass --secret-file");
+  if (job->ditorch.check) {
+    // This node's chips, before it joins: a failure leaves the job without
+    // it (the coordinator names the rank that never joined).
+    std::vector<const chip_spec*> mine;
+    for (const auto& n : nodes)
+      if (n.rank == nf.rank)
+        for (const auto& c : n.chips)
+          mine.push_back(&c);
+    if (int rc = apps::check_chip_operators(*job, mine, std::cout);
+        rc != apps::exit_ok)
+      return rc;
+  }
 
   actors::node_options o;
   o.job = job;

@@ -75,3 +75,13 @@ if(NOT H2_WITH_RDMA STREQUAL "OFF")
 endif()
 h2_resolve_backend(H2_WITH_RDMA "${_rdma_found}"
                    "rdma-core (libibverbs, librdmacm)" H2_HAS_RDMA)
+
+# libtorch's own CUDA support (c10_cuda): the chip's stream, the caching
+# allocator's figures and its out-of-memory errors (devices/cuda). Debian's
+# libtorch ships the c10/cuda headers but not the library; a CUDA-enabled
+# libtorch (CMAKE_PREFIX_PATH, the GPU machines) finds it.
+if(H2_HAS_CUDA AND C10_CUDA_LIBRARY)
+  set(H2_TORCH_HAS_CUDA 1)
+else()
+  set(H2_TORCH_HAS_CUDA 0)
+endif()

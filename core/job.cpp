@@ -299,42 +299,7 @@ chip_spec read_chip(const toml::node& node, const std::string& path,
                                std::string(detail::toml_type_name(node)));
   }
   std::string where = node.is_table() ? path + ".device" : path;
-  auto colon = c.device.find(':');
-  std::string kind = c.device.substr(0, colon);
-  std::string arg =
-    colon == std::string::npos ? "" : c.device.substr(colon + 1);
-  if (kind == "cpu" && arg.empty()) {
-    c.backend = device_backend::cpu;
-    c.profile = host_cpu_profile();
-  } else if (kind == "emulated") {
-    c.backend = device_backend::emulated;
-    const chip_profile* p = job.profiles.find(arg);
-    if (p == nullptr) {
-      std::string known;
-      for (auto& n : job.profiles.names())
-        known += (known.empty() ? "" : ", ") + n;
-      throw config_error(where, "unknown chip profile '" + arg +
-                                  "' (known: " + known + ")");
-    }
-    c.profile = *p;
-  } else if (kind == "cuda" || kind == "hip") {
-    c.backend = kind == "cuda" ? device_backend::cuda : device_backend::hip;
-    int index = -1;
-    if (!arg.empty() && arg.size() <= 4 &&
-        arg.find_first_not_of("0123456789") == std::string::npos)
-      index = std::stoi(arg);
-    if (index < 0)
-      throw config_error(where, "expected " + kind + ":<device index>, got \"" +
-                                  c.device + "\"");
-    c.device_index = index;
-    c.profile.name = c.device;
-    c.profile.vendor = kind == "cuda" ? "NVIDIA" : "AMD";
-    c.profile.model = c.device;
-  } else {
-    throw config_error(where, "unknown device \"" + c.device +
-                                "\" (expected cpu, emulated:<profile>, "
-                                "cuda:<n> or hip:<n>)");
-  }
+  c = chip_of_device(c.device, where, job.profiles);
   // Default dtype: bf16 where the chip has a bf16 peak (mixed precision, as
   // LLM training runs), fp32 otherwise and on the host CPU.
   bool emulated = c.backend == device_backend::emulated;
@@ -571,6 +536,14 @@ void read_watchdog(table_reader& root, job_config& job) {
   t->finish();
 }
 
+void read_ditorch(table_reader& root, job_config& job) {
+  auto t = root.maybe_table("ditorch");
+  if (!t)
+    return;
+  job.ditorch.check = t->optional<bool>("check", job.ditorch.check);
+  t->finish();
+}
+
 void read_checkpoint(table_reader& root, job_config& job) {
   auto t = root.maybe_table("checkpoint");
   if (!t)
@@ -778,6 +751,7 @@ job_config parse_job(std::string_view toml_text, const std::string& origin) {
   read_transport(top, job);
   read_runtime(top, job);
   read_watchdog(top, job);
+  read_ditorch(top, job);
   read_checkpoint(top, job);
   read_restart(top, job);
   read_cluster(top, job);
@@ -788,6 +762,49 @@ job_config parse_job(std::string_view toml_text, const std::string& origin) {
   read_topology(top, job);
   top.finish();
   return job;
+}
+
+chip_spec chip_of_device(const std::string& device, const std::string& where,
+                         const catalog& profiles) {
+  chip_spec c;
+  c.device = device;
+  auto colon = c.device.find(':');
+  std::string kind = c.device.substr(0, colon);
+  std::string arg =
+    colon == std::string::npos ? "" : c.device.substr(colon + 1);
+  if (kind == "cpu" && arg.empty()) {
+    c.backend = device_backend::cpu;
+    c.profile = host_cpu_profile();
+  } else if (kind == "emulated") {
+    c.backend = device_backend::emulated;
+    const chip_profile* p = profiles.find(arg);
+    if (p == nullptr) {
+      std::string known;
+      for (auto& n : profiles.names())
+        known += (known.empty() ? "" : ", ") + n;
+      throw config_error(where, "unknown chip profile '" + arg +
+                                  "' (known: " + known + ")");
+    }
+    c.profile = *p;
+  } else if (kind == "cuda" || kind == "hip") {
+    c.backend = kind == "cuda" ? device_backend::cuda : device_backend::hip;
+    int index = -1;
+    if (!arg.empty() && arg.size() <= 4 &&
+        arg.find_first_not_of("0123456789") == std::string::npos)
+      index = std::stoi(arg);
+    if (index < 0)
+      throw config_error(where, "expected " + kind + ":<device index>, got \"" +
+                                  c.device + "\"");
+    c.device_index = index;
+    c.profile.name = c.device;
+    c.profile.vendor = kind == "cuda" ? "NVIDIA" : "AMD";
+    c.profile.model = c.device;
+  } else {
+    throw config_error(where, "unknown device \"" + c.device +
+                                "\" (expected cpu, emulated:<profile>, "
+                                "cuda:<n> or hip:<n>)");
+  }
+  return c;
 }
 
 job_config load_job_file(const std::string& path) {

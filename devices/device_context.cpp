@@ -18,7 +18,9 @@
 namespace h2::devices {
 
 thread_binding::thread_binding(const device_context& device)
-    : memory_(device.memory_ptr()), previous_threads_(at::get_num_threads()) {
+    : memory_(device.memory_ptr()),
+      previous_threads_(at::get_num_threads()),
+      current_(device.make_current()) {
   // OpenMP's thread count is per thread: set it on the chip's own thread.
   at::set_num_threads(device.threads());
 }
@@ -27,22 +29,24 @@ thread_binding::~thread_binding() {
   at::set_num_threads(previous_threads_);
 }
 
-compute_scope::compute_scope(const device_context& device) {
+compute_scope::compute_scope(const device_context& device)
+    : type_(device.torch_device().type()) {
   if (device.compute_dtype() == dtype::fp32 ||
-      device.torch_device().type() != c10::kCPU)
+      (type_ != c10::kCPU && type_ != c10::kCUDA))
     return;
   active_ = true;
-  previous_enabled_ = compat::cpu_autocast_enabled();
-  previous_dtype_ = compat::cpu_autocast_dtype();
+  previous_enabled_ = compat::autocast_enabled(type_);
+  previous_dtype_ = compat::autocast_dtype(type_);
   at::autocast::increment_nesting();
-  compat::set_cpu_autocast(
-    true, device.compute_dtype() == dtype::bf16 ? at::kBFloat16 : at::kHalf);
+  compat::set_autocast(type_, true,
+                       device.compute_dtype() == dtype::bf16 ? at::kBFloat16
+                                                             : at::kHalf);
 }
 
 compute_scope::~compute_scope() {
   if (!active_)
     return;
-  compat::set_cpu_autocast(previous_enabled_, previous_dtype_);
+  compat::set_autocast(type_, previous_enabled_, previous_dtype_);
   // Autocast caches cast weights; drop them so the next step sees the
   // optimizer's update (what torch.autocast's __exit__ does).
   if (at::autocast::decrement_nesting() == 0)
@@ -77,6 +81,33 @@ at::Tensor device_context::take(const at::Tensor& tensor) const {
   if (tensor.device() == torch_device())
     return adopt(tensor, memory_);
   return tensor.to(torch_device());
+}
+
+bool device_context::holds(const at::Tensor& tensor) const noexcept {
+  if (!tensor.defined() || tensor.device() != torch_device())
+    return false;
+  return !tensor.device().is_cpu() || charged_account(tensor) == memory_.get();
+}
+
+memory_usage device_context::usage() const {
+  const auto& m = *memory_;
+  return {m.used_bytes(), m.peak_bytes(), m.used_bytes(), m.capacity_bytes()};
+}
+
+void device_context::reset_peak() {
+  memory_->reset_peak();
+}
+
+std::exception_ptr
+device_context::translate(const c10::Error& e,
+                          std::uint64_t failures_before) const {
+  // An out-of-memory raised inside an op may reach us wrapped by libtorch.
+  if (memory_->failures() != failures_before)
+    return std::make_exception_ptr(
+      device_error(device_errc::out_of_memory, memory_->last_failure()));
+  std::string what = e.what_without_backtrace();
+  return std::make_exception_ptr(h2::error(
+    "chip " + describe() + ": libtorch: " + what.substr(0, what.find('\n'))));
 }
 
 std::optional<double> device_context::layer_seconds(const layer_work&,
@@ -129,6 +160,17 @@ std::unique_ptr<device_context> make_device(const chip_spec& spec,
 #endif
   }
   throw internal_error("unknown device backend");
+}
+
+std::unique_ptr<device_context> make_host_device(dtype compute, int threads) {
+  chip_spec host;
+  host.device = "cpu";
+  host.backend = device_backend::cpu;
+  host.compute_dtype = compute;
+  host.profile = host_cpu_profile();
+  return std::make_unique<cpu_context>(
+    host, chip_clock(clock_mode::virtual_clock, chip_clock::wall_clock::now()),
+    threads);
 }
 
 std::vector<std::string> built_backends() {

@@ -2,7 +2,7 @@
 
 #include "h2/devices/torch_compat.hpp"
 
-#include <ATen/ops/from_blob.h>
+#include <ATen/ops/empty.h>
 #include <c10/core/CPUAllocator.h>
 
 #include <cstdio>
@@ -155,21 +155,53 @@ std::uint64_t storage_bytes(const at::Tensor& tensor) noexcept {
   return tensor.storage().nbytes();
 }
 
+namespace {
+
+/// What an adopted alias's storage keeps: the original storage, and the
+/// charge to the adopting account.
+struct adopted_block {
+  c10::Storage keep;
+  std::shared_ptr<memory_account> account;
+  std::uint64_t bytes = 0;
+};
+
+void free_adopted(void* context) {
+  auto* a = static_cast<adopted_block*>(context);
+  a->account->release(a->bytes);
+  delete a; // drops the original storage
+}
+
+} // namespace
+
 at::Tensor adopt(const at::Tensor& tensor,
                  const std::shared_ptr<memory_account>& account) {
   if (!tensor.defined())
     return tensor;
-  std::uint64_t bytes = storage_bytes(tensor);
+  const auto storage = tensor.storage();
+  const std::uint64_t bytes = storage.nbytes();
   account->reserve(bytes);
-  // The deleter keeps the original storage alive and credits the account.
-  auto keep = tensor.storage();
-  auto on_free = [keep, account, bytes](void*) mutable {
-    account->release(bytes);
-    keep = {};
-  };
   // From here on the alias's deleter owns the charge.
-  return at::from_blob(tensor.data_ptr(), tensor.sizes(), tensor.strides(),
-                       on_free, tensor.options());
+  auto* block = new adopted_block{storage, account, bytes};
+  c10::DataPtr data(storage.data_ptr().get(), block, &free_adopted,
+                    storage.device());
+  c10::Storage alias(c10::Storage::use_byte_size_t(), storage.nbytes(),
+                     std::move(data), nullptr, /*resizable=*/false);
+  return at::empty({0}, tensor.options())
+    .set_(alias, tensor.storage_offset(), tensor.sizes(), tensor.strides());
+}
+
+const memory_account* charged_account(const at::Tensor& tensor) noexcept {
+  if (!tensor.defined() || !tensor.has_storage())
+    return nullptr;
+  const auto& data = tensor.storage().data_ptr();
+  if (data.get_deleter() == &free_charged && data.get() != nullptr)
+    return static_cast<const allocation_header*>(
+             static_cast<const void*>(static_cast<const char*>(data.get()) -
+                                      header_bytes))
+      ->account.get();
+  if (data.get_deleter() == &free_adopted)
+    return static_cast<const adopted_block*>(data.get_context())->account.get();
+  return nullptr;
 }
 
 } // namespace h2::devices

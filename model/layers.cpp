@@ -1,18 +1,12 @@
 #include "h2/model/layers.hpp"
 
 #include "h2/core/error.hpp"
+#include "h2/model/ops.hpp"
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/TensorOperators.h>
-#include <ATen/ops/cross_entropy_loss.h>
-#include <ATen/ops/embedding.h>
 #include <ATen/ops/empty.h>
-#include <ATen/ops/gelu.h>
-#include <ATen/ops/layer_norm.h>
-#include <ATen/ops/linear.h>
-#include <ATen/ops/matmul.h>
 #include <ATen/ops/ones.h>
-#include <ATen/ops/softmax.h>
 #include <ATen/ops/zeros.h>
 
 #include <cmath>
@@ -43,29 +37,36 @@ std::uint64_t layer_seed(std::uint64_t seed, int index) {
   return z ^ (z >> 31);
 }
 
-/// Draws initial weights in a fixed order from the layer's own generator.
+/// Draws initial weights in a fixed order from the layer's own generator,
+/// on the host (the same bits whatever the device), and puts them on
+/// `device`.
 class initializer {
 public:
-  initializer(std::uint64_t seed, int index)
-      : gen_(
-          at::make_generator<at::CPUGeneratorImpl>(layer_seed(seed, index))) {}
+  initializer(std::uint64_t seed, int index, c10::Device device)
+      : gen_(at::make_generator<at::CPUGeneratorImpl>(layer_seed(seed, index))),
+        device_(device) {}
 
   at::Tensor normal(at::IntArrayRef shape, double std) {
     auto t = at::empty(shape, at::kFloat);
     t.normal_(0.0, std, gen_);
-    return t;
+    return t.to(device_);
   }
 
-  static at::Tensor zeros(at::IntArrayRef shape) {
-    return at::zeros(shape, at::kFloat);
+  at::Tensor zeros(at::IntArrayRef shape) const {
+    return at::zeros(shape, options());
   }
 
-  static at::Tensor ones(at::IntArrayRef shape) {
-    return at::ones(shape, at::kFloat);
+  at::Tensor ones(at::IntArrayRef shape) const {
+    return at::ones(shape, options());
   }
 
 private:
+  at::TensorOptions options() const {
+    return at::TensorOptions(at::kFloat).device(device_);
+  }
+
   at::Generator gen_;
+  c10::Device device_;
 };
 
 // GPT-2's initialisation: N(0, 0.02) weights, residual projections scaled by
@@ -74,9 +75,10 @@ constexpr double init_std = 0.02;
 
 class embedding_layer final : public layer {
 public:
-  embedding_layer(const gpt_config& cfg, int index, std::uint64_t seed)
+  embedding_layer(const gpt_config& cfg, int index, std::uint64_t seed,
+                  c10::Device device)
       : layer(index, layer_kind::embedding) {
-    initializer init(seed, index);
+    initializer init(seed, index, device);
     wte_ = add("embedding.wte",
                init.normal({cfg.vocab_size, cfg.d_model}, init_std), true);
     wpe_ = add("embedding.wpe",
@@ -84,10 +86,7 @@ public:
   }
 
   at::Tensor forward(const at::Tensor&, const micro_batch& mb) override {
-    H2_ENFORCE(mb.tokens.defined() && mb.tokens.dim() == 2,
-               "embedding needs [B, T] tokens");
-    auto t = mb.tokens.size(1);
-    return at::embedding(wte_, mb.tokens) + wpe_.narrow(0, 0, t);
+    return ops::embedding(wte_, wpe_, mb.tokens);
   }
 
 private:
@@ -96,11 +95,12 @@ private:
 
 class block_layer final : public layer {
 public:
-  block_layer(const gpt_config& cfg, int index, std::uint64_t seed)
+  block_layer(const gpt_config& cfg, int index, std::uint64_t seed,
+              c10::Device device)
       : layer(index, layer_kind::block),
         n_head_(cfg.n_head),
         d_model_(cfg.d_model) {
-    initializer init(seed, index);
+    initializer init(seed, index, device);
     const std::int64_t d = cfg.d_model, f = cfg.d_ff;
     const double proj_std = init_std / std::sqrt(2.0 * cfg.n_layer);
     std::string p = "block" + std::to_string(index) + ".";
@@ -120,10 +120,9 @@ public:
   }
 
   at::Tensor forward(const at::Tensor& x, const micro_batch&) override {
-    auto h = x + attention(at::layer_norm(x, {d_model_}, ln1_w_, ln1_b_,
-                                          layer_norm_eps));
-    auto m = at::layer_norm(h, {d_model_}, ln2_w_, ln2_b_, layer_norm_eps);
-    m = at::linear(at::gelu(at::linear(m, fc1_w_, fc1_b_)), fc2_w_, fc2_b_);
+    auto h = x + attention(ops::layer_norm(x, ln1_w_, ln1_b_));
+    auto m = ops::layer_norm(h, ln2_w_, ln2_b_);
+    m = ops::linear(ops::gelu(ops::linear(m, fc1_w_, fc1_b_)), fc2_w_, fc2_b_);
     return h + m;
   }
 
@@ -132,22 +131,18 @@ private:
     const auto b = x.size(0), t = x.size(1);
     const std::int64_t hd = d_model_ / n_head_;
     // [B, T, 3d] -> 3 x [B, H, T, hd]
-    auto qkv = at::linear(x, qkv_w_, qkv_b_)
+    auto qkv = ops::linear(x, qkv_w_, qkv_b_)
                  .view({b, t, 3, n_head_, hd})
                  .permute({2, 0, 3, 1, 4});
-    auto q = qkv.select(0, 0), k = qkv.select(0, 1), v = qkv.select(0, 2);
-    auto scores =
-      at::matmul(q, k.transpose(-2, -1)) / std::sqrt(static_cast<double>(hd));
-    scores = scores.masked_fill(causal_mask(t), -INFINITY);
-    auto y = at::matmul(at::softmax(scores, -1, scores.scalar_type()), v);
+    auto y = ops::attention(qkv.select(0, 0), qkv.select(0, 1),
+                            qkv.select(0, 2), causal_mask(t, x.device()));
     y = y.transpose(1, 2).reshape({b, t, d_model_});
-    return at::linear(y, proj_w_, proj_b_);
+    return ops::linear(y, proj_w_, proj_b_);
   }
 
-  /// True above the diagonal: positions a token must not attend to.
-  const at::Tensor& causal_mask(std::int64_t t) {
-    if (!mask_.defined() || mask_.size(0) != t)
-      mask_ = at::ones({t, t}, at::kBool).triu(1);
+  const at::Tensor& causal_mask(std::int64_t t, c10::Device device) {
+    if (!mask_.defined() || mask_.size(0) != t || mask_.device() != device)
+      mask_ = ops::causal_mask(t, device);
     return mask_;
   }
 
@@ -159,11 +154,10 @@ private:
 
 class head_layer final : public layer {
 public:
-  head_layer(const gpt_config& cfg, int index, std::uint64_t seed)
-      : layer(index, layer_kind::head),
-        d_model_(cfg.d_model),
-        vocab_(cfg.vocab_size) {
-    initializer init(seed, index);
+  head_layer(const gpt_config& cfg, int index, std::uint64_t seed,
+             c10::Device device)
+      : layer(index, layer_kind::head), vocab_(cfg.vocab_size) {
+    initializer init(seed, index, device);
     ln_w_ = add("head.ln_f.weight", init.ones({cfg.d_model}), false);
     ln_b_ = add("head.ln_f.bias", init.zeros({cfg.d_model}), false);
     lm_w_ = add("head.lm_head.weight",
@@ -172,21 +166,17 @@ public:
 
   at::Tensor forward(const at::Tensor& x, const micro_batch& mb) override {
     H2_ENFORCE(mb.targets.defined(), "head needs targets");
-    auto logits = this->logits(x);
-    // The loss in fp32 whatever the chip's dtype.
-    auto loss =
-      at::cross_entropy_loss(logits.reshape({-1, vocab_}).to(at::kFloat),
-                             mb.targets.reshape({-1}), {}, at::Reduction::Sum);
+    auto loss = ops::cross_entropy_sum(this->logits(x).reshape({-1, vocab_}),
+                                       mb.targets.reshape({-1}));
     return loss * mb.loss_scale;
   }
 
   at::Tensor logits(const at::Tensor& x) const {
-    return at::linear(
-      at::layer_norm(x, {d_model_}, ln_w_, ln_b_, layer_norm_eps), lm_w_);
+    return ops::linear(ops::layer_norm(x, ln_w_, ln_b_), lm_w_, at::Tensor());
   }
 
 private:
-  std::int64_t d_model_, vocab_;
+  std::int64_t vocab_;
   at::Tensor ln_w_, ln_b_, lm_w_;
 };
 
@@ -200,14 +190,14 @@ at::Tensor head_logits(const layer& head, const at::Tensor& input) {
 }
 
 std::unique_ptr<layer> make_layer(const gpt_config& cfg, int index,
-                                  std::uint64_t seed) {
+                                  std::uint64_t seed, c10::Device device) {
   switch (kind_of_layer(cfg, index)) {
     case layer_kind::embedding:
-      return std::make_unique<embedding_layer>(cfg, index, seed);
+      return std::make_unique<embedding_layer>(cfg, index, seed, device);
     case layer_kind::block:
-      return std::make_unique<block_layer>(cfg, index, seed);
+      return std::make_unique<block_layer>(cfg, index, seed, device);
     case layer_kind::head:
-      return std::make_unique<head_layer>(cfg, index, seed);
+      return std::make_unique<head_layer>(cfg, index, seed, device);
   }
   throw internal_error("unknown layer kind");
 }

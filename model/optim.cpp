@@ -1,9 +1,9 @@
 #include "h2/model/optim.hpp"
 
 #include "h2/core/error.hpp"
+#include "h2/model/ops.hpp"
 
 #include <ATen/TensorOperators.h>
-#include <ATen/ops/zeros_like.h>
 
 #include <cmath>
 
@@ -49,28 +49,8 @@ double clip_coefficient(double grad_norm, double clip) noexcept {
 void adamw_update(layer& l, const train_config& train, double lr, int step,
                   double grad_scale) {
   H2_ENFORCE(step >= 1, "step=", step);
-  const double bias1 = 1.0 - std::pow(train.beta1, step);
-  const double bias2 = 1.0 - std::pow(train.beta2, step);
-  const double step_size = lr / bias1;
-  const double bias2_sqrt = std::sqrt(bias2);
-  at::NoGradGuard no_grad;
-  for (auto& p : l.parameters()) {
-    auto g = p.value.grad();
-    if (!g.defined())
-      continue;
-    if (grad_scale != 1.0)
-      g.mul_(grad_scale);
-    if (!p.exp_avg.defined()) {
-      p.exp_avg = at::zeros_like(p.value);
-      p.exp_avg_sq = at::zeros_like(p.value);
-    }
-    if (p.decay && train.weight_decay > 0)
-      p.value.mul_(1.0 - lr * train.weight_decay);
-    p.exp_avg.mul_(train.beta1).add_(g, 1.0 - train.beta1);
-    p.exp_avg_sq.mul_(train.beta2).addcmul_(g, g, 1.0 - train.beta2);
-    auto denom = (p.exp_avg_sq.sqrt() / bias2_sqrt).add_(train.eps);
-    p.value.addcdiv_(p.exp_avg, denom, -step_size);
-  }
+  for (auto& p : l.parameters())
+    ops::adamw(p, train, lr, step, grad_scale);
 }
 
 } // namespace h2::model

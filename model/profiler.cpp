@@ -75,7 +75,7 @@ layer_profile chip_profiler::layer(const chip_spec& chip, layer_kind kind,
 
   // A real chip: time the layer itself, as the runtime runs it.
   devices::thread_binding bind(dev);
-  auto l = make_layer(cfg, index, job_->seed);
+  auto l = make_layer(cfg, index, job_->seed, dev.torch_device());
   const std::int64_t n = micro_batch_size, t = cfg.seq_len;
   micro_batch mb;
   mb.tokens = dev.to_device(at::randint(cfg.vocab_size, {n, t}, at::kLong));
@@ -112,6 +112,10 @@ layer_profile chip_profiler::layer(const chip_spec& chip, layer_kind kind,
   return {median(fwd), median(bwd)};
 }
 
+std::uint64_t chip_profiler::capacity_bytes(const chip_spec& chip) {
+  return device(chip).usage().capacity;
+}
+
 double chip_profiler::optimizer(const chip_spec& chip, layer_kind kind) {
   const auto& cfg = job_->model;
   auto& dev = device(chip);
@@ -119,7 +123,7 @@ double chip_profiler::optimizer(const chip_spec& chip, layer_kind kind) {
   if (auto s = dev.optimizer_seconds(layer_parameters(cfg, index)))
     return *s;
   devices::thread_binding bind(dev);
-  auto l = make_layer(cfg, index, job_->seed);
+  auto l = make_layer(cfg, index, job_->seed, dev.torch_device());
   for (auto& p : l->parameters())
     p.value.mutable_grad() = at::zeros_like(p.value);
   std::vector<double> times;

@@ -5,14 +5,14 @@
 namespace h2::model {
 
 stage::stage(const gpt_config& cfg, int first_layer, int end_layer,
-             std::uint64_t seed)
-    : cfg_(cfg), first_(first_layer), end_(end_layer) {
+             std::uint64_t seed, c10::Device device)
+    : cfg_(cfg), first_(first_layer), end_(end_layer), device_(device) {
   H2_ENFORCE(0 <= first_layer && first_layer < end_layer &&
                end_layer <= cfg.num_layers(),
              "first=", first_layer, " end=", end_layer,
              " layers=", cfg.num_layers());
   for (int l = first_layer; l < end_layer; ++l)
-    layers_.push_back(make_layer(cfg, l, seed));
+    layers_.push_back(make_layer(cfg, l, seed, device));
 }
 
 at::Tensor stage::forward(const at::Tensor& input, const micro_batch& mb) {

@@ -4,9 +4,11 @@
 
 namespace h2::model {
 
-single_chip_trainer::single_chip_trainer(const job_config& job)
+single_chip_trainer::single_chip_trainer(const job_config& job,
+                                         c10::Device device)
     : job_(job),
-      model_(job.model, 0, job.model.num_layers(), job.seed),
+      device_(device),
+      model_(job.model, 0, job.model.num_layers(), job.seed, device),
       data_(make_data_source(job)) {
 }
 
@@ -18,7 +20,10 @@ double single_chip_trainer::train_step(int step,
   model_.zero_grad();
   double loss = 0;
   auto batch = [&](int mb) {
-    return data_->batch(split::train, step, mb * size, size, scale);
+    auto b = data_->batch(split::train, step, mb * size, size, scale);
+    b.tokens = b.tokens.to(device_);
+    b.targets = b.targets.to(device_);
+    return b;
   };
   if (backward_order.empty()) {
     for (int mb = 0; mb < m; ++mb) {

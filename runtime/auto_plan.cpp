@@ -22,6 +22,14 @@ double profiled_measurements::optimizer(const chip_spec& chip,
   return profiler_->optimizer(chip, kind);
 }
 
+std::optional<double>
+profiled_measurements::capacity_bytes(const chip_spec& chip) {
+  if (chip.backend != device_backend::cuda &&
+      chip.backend != device_backend::hip)
+    return std::nullopt;
+  return static_cast<double>(profiler_->capacity_bytes(chip));
+}
+
 scheduler::planned plan_job(const job_config& job,
                             const scheduler::planner_options& options) {
   profiled_measurements m(job);

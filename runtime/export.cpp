@@ -3,6 +3,7 @@
 
 #include "h2/core/error.hpp"
 #include "h2/core/job.hpp"
+#include "h2/devices/device_context.hpp"
 #include "h2/model/layers.hpp"
 #include "h2/runtime/stage_state.hpp"
 
@@ -50,10 +51,14 @@ checkpoint_model::checkpoint_model(const checkpoint& c,
       checkpoint_errc::mismatch, manifest_path,
       std::to_string(c.layers.size()) + " layer files for a model of " +
         std::to_string(config_.num_layers()) + " layers (its job_toml)");
+  // Exports compute on the host.
+  const auto host = devices::make_host_device();
+  devices::thread_binding bind(*host);
   for (std::size_t i = 0; i < c.layers.size(); ++i) {
-    auto l = model::make_layer(config_, static_cast<int>(i), c.manifest.seed);
+    auto l = model::make_layer(config_, static_cast<int>(i), c.manifest.seed,
+                               host->torch_device());
     try {
-      restore_layer(*l, c.layers[i]);
+      restore_layer(*host, *l, c.layers[i]);
     } catch (const checkpoint_error& e) {
       // restore_layer names the layer, not its file.
       throw checkpoint_error(e.kind(), dir / c.manifest.files[i].file,

@@ -35,6 +35,19 @@ transport::channel_limits channel_limits_of(const job_config& job,
   return limits;
 }
 
+std::string device_path(const chip_spec& a, const chip_spec& b,
+                        std::string_view backend) {
+  auto gpu = [](const chip_spec& c) {
+    return c.backend == device_backend::cuda ||
+           c.backend == device_backend::hip;
+  };
+  if (!gpu(a) && !gpu(b))
+    return "";
+  if (backend == "inproc")
+    return "device tensors handed over, copied onto the receiver's device";
+  return "device tensors staged through pinned host memory";
+}
+
 std::map<int, std::vector<link_assignment>>
 assign_links(const plan& p,
              const std::map<int, transport::endpoint_address>& addresses,

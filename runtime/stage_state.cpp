@@ -17,11 +17,12 @@ namespace {
 constexpr const char* exp_avg_suffix = ".exp_avg";
 constexpr const char* exp_avg_sq_suffix = ".exp_avg_sq";
 
-/// A host copy of an fp32 tensor.
-state_tensor host_copy(const std::string& name, const at::Tensor& t) {
+/// A host copy of an fp32 tensor of `device`.
+state_tensor host_copy(const devices::device_context& device,
+                       const std::string& name, const at::Tensor& t) {
   H2_ENFORCE(t.scalar_type() == at::kFloat, name, ": state is fp32, got ",
              c10::toString(t.scalar_type()));
-  auto host = t.detach().to(at::kCPU).contiguous();
+  auto host = device.to_host(t.detach()).contiguous();
   state_tensor out;
   out.name = name;
   out.dtype = "F32";
@@ -31,8 +32,9 @@ state_tensor host_copy(const std::string& name, const at::Tensor& t) {
   return out;
 }
 
-/// Copies `s` into `target` (same shape, fp32), on target's device.
-void copy_into(at::Tensor& target, const state_tensor& s, int layer) {
+/// Copies `s` into `target` (same shape, fp32), a tensor of `device`.
+void copy_into(const devices::device_context& device, at::Tensor& target,
+               const state_tensor& s, int layer) {
   const auto where = "layer " + std::to_string(layer) + ", " + s.name;
   if (s.dtype != "F32" || s.shape != target.sizes().vec())
     throw checkpoint_error(checkpoint_errc::mismatch, "",
@@ -41,27 +43,30 @@ void copy_into(at::Tensor& target, const state_tensor& s, int layer) {
   const auto host = at::from_blob(const_cast<std::uint8_t*>(s.bytes.data()),
                                   s.shape, at::TensorOptions(at::kFloat));
   at::NoGradGuard no_grad;
-  target.copy_(host);
+  target.copy_(device.to_device(host));
 }
 
 } // namespace
 
-layer_state snapshot_layer(const model::layer& l) {
+layer_state snapshot_layer(const devices::device_context& device,
+                           const model::layer& l) {
   layer_state out;
   out.layer = l.index();
   for (const auto& p : l.parameters()) {
-    out.tensors.push_back(host_copy(p.name, p.value));
+    out.tensors.push_back(host_copy(device, p.name, p.value));
     // Moments exist once the optimizer has run (docs/checkpoints.md).
     if (p.exp_avg.defined()) {
-      out.tensors.push_back(host_copy(p.name + exp_avg_suffix, p.exp_avg));
       out.tensors.push_back(
-        host_copy(p.name + exp_avg_sq_suffix, p.exp_avg_sq));
+        host_copy(device, p.name + exp_avg_suffix, p.exp_avg));
+      out.tensors.push_back(
+        host_copy(device, p.name + exp_avg_sq_suffix, p.exp_avg_sq));
     }
   }
   return out;
 }
 
-void restore_layer(model::layer& l, const layer_state& s) {
+void restore_layer(const devices::device_context& device, model::layer& l,
+                   const layer_state& s) {
   if (s.layer != l.index())
     throw checkpoint_error(checkpoint_errc::mismatch, "",
                            "state of layer " + std::to_string(s.layer) +
@@ -83,7 +88,7 @@ void restore_layer(model::layer& l, const layer_state& s) {
       throw checkpoint_error(checkpoint_errc::mismatch, "",
                              "layer " + std::to_string(l.index()) +
                                ": no tensor " + p.name);
-    copy_into(p.value, *value, l.index());
+    copy_into(device, p.value, *value, l.index());
     const auto* m1 = take(p.name + exp_avg_suffix);
     const auto* m2 = take(p.name + exp_avg_sq_suffix);
     if ((m1 == nullptr) != (m2 == nullptr))
@@ -100,8 +105,8 @@ void restore_layer(model::layer& l, const layer_state& s) {
       p.exp_avg = at::zeros_like(p.value);
       p.exp_avg_sq = at::zeros_like(p.value);
     }
-    copy_into(p.exp_avg, *m1, l.index());
-    copy_into(p.exp_avg_sq, *m2, l.index());
+    copy_into(device, p.exp_avg, *m1, l.index());
+    copy_into(device, p.exp_avg_sq, *m2, l.index());
   }
   if (!by_name.empty())
     throw checkpoint_error(checkpoint_errc::mismatch, "",

@@ -55,7 +55,7 @@ stage_worker::stage_worker(worker_setup setup) : setup_(std::move(setup)) {
   devices::thread_binding bind(*device_);
   const auto& a = setup_.assignment;
   stage_ = std::make_unique<model::stage>(job.model, a.first_layer, a.end_layer,
-                                          job.seed);
+                                          job.seed, device_->torch_device());
   if (stage_->has_embedding() || stage_->has_head())
     data_ = model::make_data_source(job);
   schedule_ = scheduler::make_schedule(setup_.schedule, setup_.stages,
@@ -176,13 +176,7 @@ auto stage_worker::guarded(F&& f) -> decltype(f()) {
     throw;
   } catch (const c10::Error& e) {
     close_channels();
-    // An out-of-memory raised inside an op may reach us wrapped by libtorch.
-    if (device_->memory().failures() != failures_before)
-      throw device_error(device_errc::out_of_memory,
-                         device_->memory().last_failure());
-    std::string what = e.what_without_backtrace();
-    throw h2::error("chip " + device_->describe() +
-                    ": libtorch: " + what.substr(0, what.find('\n')));
+    std::rethrow_exception(device_->translate(e, failures_before));
   } catch (...) {
     close_channels();
     throw;
@@ -190,8 +184,29 @@ auto stage_worker::guarded(F&& f) -> decltype(f()) {
 }
 
 memory_report stage_worker::memory_now() const {
-  const auto& m = device_->memory();
-  return {m.used_bytes(), m.peak_bytes(), m.capacity_bytes()};
+  const auto m = device_->usage();
+  return {m.used, m.peak, m.capacity};
+}
+
+model::micro_batch stage_worker::load_batch(model::split split,
+                                            std::int64_t step,
+                                            int first_sequence,
+                                            double scale) const {
+  auto mb =
+    data_->batch(split, step, first_sequence, setup_.micro_batch_size, scale);
+  mb.tokens = device_->to_device(mb.tokens);
+  mb.targets = device_->to_device(mb.targets);
+  expect_held(mb.tokens, "a batch's tokens");
+  expect_held(mb.targets, "a batch's targets");
+  return mb;
+}
+
+void stage_worker::expect_held(const at::Tensor& t, const char* what) const {
+  if (!device_->holds(t))
+    throw internal_error(
+      "chip " + device_->describe() + ": " + what + " is not on the chip (" +
+      t.device().str() +
+      (t.device().is_cpu() ? ", not charged to its memory" : "") + ")");
 }
 
 clock_pair stage_worker::clocks() const {
@@ -289,7 +304,10 @@ at::Tensor stage_worker::receive(const chip_id& peer, std::uint64_t tag,
       ++l.transfers;
     }
   }
-  return device_->take(m.tensor);
+  auto t = device_->take(m.tensor);
+  if (t.defined())
+    expect_held(t, "a received tensor");
+  return t;
 }
 
 void stage_worker::send(const chip_id& peer, std::uint64_t tag,
@@ -353,7 +371,7 @@ chip_step_report stage_worker::run_step(const step_command& cmd) {
     devices::thread_binding bind(*device_);
     auto& clock = device_->clock();
     clock.advance_virtual_to(cmd.virtual_barrier);
-    device_->memory().reset_peak();
+    device_->reset_peak();
     stage_->zero_grad();
     const bool recompute = setup_.assignment.recompute;
     const bool first = setup_.stage == 0;
@@ -385,9 +403,9 @@ chip_step_report stage_worker::run_step(const step_command& cmd) {
         }
         case op_kind::forward: {
           if (data_)
-            ctx.batch[i] = data_->batch(model::split::train, cmd.step,
-                                        setup_.first_sequence + mb * size, size,
-                                        loss_scale_);
+            ctx.batch[i] =
+              load_batch(model::split::train, cmd.step,
+                         setup_.first_sequence + mb * size, loss_scale_);
           const auto predicted =
             charged(forward_emulated, cmd.step, recorded_op::forward, mb);
           begin_op("forward", mb, predicted);
@@ -401,6 +419,7 @@ chip_step_report stage_worker::run_step(const step_command& cmd) {
               no_grad.emplace();
             out = stage_->forward(ctx.input[i], ctx.batch[i]);
           }
+          expect_held(out, "a forward's output");
           device_->synchronize();
           r.forward_seconds += device_->complete_op(w0, predicted);
           end_op();
@@ -545,9 +564,8 @@ chip_eval_report stage_worker::run_eval(const eval_command& cmd) {
         case op_kind::forward: {
           model::micro_batch batch;
           if (data_)
-            batch = data_->batch(model::split::validation, mb / m,
-                                 setup_.first_sequence + (mb % m) * size, size,
-                                 scale);
+            batch = load_batch(model::split::validation, mb / m,
+                               setup_.first_sequence + (mb % m) * size, scale);
           double w0 = clock.wall_now();
           {
             devices::compute_scope scope(*device_);
@@ -580,7 +598,7 @@ std::vector<parameter_values> stage_worker::parameters() const {
   std::vector<parameter_values> out;
   for (const auto& l : stage_->layers())
     for (const auto& p : l->parameters()) {
-      auto t = p.value.detach().contiguous();
+      auto t = device_->to_host(p.value.detach()).contiguous();
       const float* data = t.data_ptr<float>();
       out.push_back(
         {p.name, t.sizes().vec(), std::vector<float>(data, data + t.numel())});
@@ -593,7 +611,7 @@ std::vector<layer_state> stage_worker::snapshot() {
     devices::thread_binding bind(*device_);
     std::vector<layer_state> out;
     for (const auto& l : stage_->layers())
-      out.push_back(snapshot_layer(*l));
+      out.push_back(snapshot_layer(*device_, *l));
     return out;
   });
 }
@@ -611,7 +629,7 @@ void stage_worker::restore(const std::vector<layer_state>& states) {
                                "no state for layer " +
                                  std::to_string(l->index()) + " of chip " +
                                  device_->id().to_string());
-      restore_layer(*l, *mine);
+      restore_layer(*device_, *l, *mine);
     }
   });
 }

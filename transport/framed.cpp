@@ -544,6 +544,22 @@ private:
 // -- the channel
 // ---------------------------------------------------------------
 
+namespace {
+
+/// A device tensor's bytes in pinned host memory, the one copy every link
+/// sends a GPU chip's tensor from (docs/transport.md, "Device memory"). The
+/// copy waits for the sending thread's current stream: the chip's.
+at::Tensor pinned_host_copy(const at::Tensor& device_tensor) {
+  auto host = at::empty(device_tensor.sizes(),
+                        at::TensorOptions(device_tensor.scalar_type())
+                          .device(c10::kCPU)
+                          .pinned_memory(true));
+  host.copy_(device_tensor);
+  return host;
+}
+
+} // namespace
+
 framed_channel::framed_channel(std::unique_ptr<byte_link> link,
                                framed_options options)
     : link_(std::move(link)),
@@ -586,7 +602,7 @@ void framed_channel::send(message m) {
   at::Tensor t;
   if (m.tensor.defined()) {
     t = m.tensor.device().is_cpu() ? m.tensor.contiguous()
-                                   : m.tensor.to(at::kCPU).contiguous();
+                                   : pinned_host_copy(m.tensor);
     H2_ENFORCE(t.dim() <= wire::max_dims, "tensor of ", t.dim(), " dimensions");
     h.flags |= wire::flag::tensor;
     h.dtype = wire::code_of(t.scalar_type());

@@ -2,6 +2,15 @@
 
 #include "../gpu_checks.hpp"
 
+#include <h2/config.hpp>
+
+#include <ATen/ops/empty.h>
+#if H2_TORCH_HAS_CUDA
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#endif
+
 #include <cuda.h>
 #include <cuda_runtime_api.h>
 #include <dlfcn.h>
@@ -23,14 +32,15 @@ struct cuda_api {
     return std::nullopt;
   }
 
-  static std::optional<std::string> total_memory(int device,
-                                                 std::uint64_t& total) {
+  static std::optional<std::string> memory(int device, std::uint64_t& free,
+                                           std::uint64_t& total) {
     std::size_t free_bytes = 0, total_bytes = 0;
     cudaError_t rc = cudaSetDevice(device);
     if (rc == cudaSuccess)
       rc = cudaMemGetInfo(&free_bytes, &total_bytes);
     if (rc != cudaSuccess)
       return std::string("cudaMemGetInfo: ") + cudaGetErrorString(rc);
+    free = free_bytes;
     total = total_bytes;
     return std::nullopt;
   }
@@ -38,19 +48,122 @@ struct cuda_api {
 
 } // namespace
 
+struct cuda_context::chip_stream {
+#if H2_TORCH_HAS_CUDA
+  c10::cuda::CUDAStream stream;
+#endif
+};
+
+namespace {
+
+#if H2_TORCH_HAS_CUDA
+/// The chip's device and stream, current while a thread is bound to it.
+class stream_binding final : public current_device {
+public:
+  explicit stream_binding(const c10::cuda::CUDAStream& s) : guard_(s) {}
+
+private:
+  c10::cuda::CUDAStreamGuard guard_;
+};
+#endif
+
+} // namespace
+
 cuda_context::cuda_context(const chip_spec& spec, chip_clock clock, int threads)
     : device_context(spec, detail::checked_gpu_capacity<cuda_api>(spec),
                      std::move(clock), threads) {
+#if H2_TORCH_HAS_CUDA
+  // A stream of the pool per chip: two chips of one GPU (or a chip and the
+  // transport's copies) do not serialise on the default stream.
+  stream_ = std::make_unique<chip_stream>(
+    chip_stream{c10::cuda::getStreamFromPool(false, torch_device().index())});
+#endif
 }
+
+cuda_context::~cuda_context() = default;
 
 c10::Device cuda_context::torch_device() const {
   return c10::Device(c10::kCUDA,
                      static_cast<c10::DeviceIndex>(spec().device_index));
 }
 
+at::Tensor cuda_context::to_device(const at::Tensor& host) const {
+  if (!host.device().is_cpu())
+    return host.to(torch_device());
+  // Pinned memory lets the copy run asynchronously on the chip's stream;
+  // libtorch's host allocator keeps the buffer until the copy is done.
+  const auto pinned = host.is_pinned() ? host : host.pin_memory();
+  return pinned.to(torch_device(), /*non_blocking=*/true);
+}
+
+at::Tensor cuda_context::to_host(const at::Tensor& tensor) const {
+  if (tensor.device().is_cpu())
+    return tensor;
+  const auto source = tensor.contiguous();
+  auto host = at::empty(source.sizes(),
+                        source.options().device(c10::kCPU).pinned_memory(true));
+  host.copy_(source); // blocking: waits for the chip's stream
+  return host;
+}
+
+at::Tensor cuda_context::take(const at::Tensor& tensor) const {
+  if (!tensor.defined() || tensor.device() == torch_device())
+    return tensor;
+  return to_device(tensor);
+}
+
 void cuda_context::synchronize() const {
+#if H2_TORCH_HAS_CUDA
+  stream_->stream.synchronize();
+#else
   cudaSetDevice(spec().device_index);
   cudaDeviceSynchronize();
+#endif
+}
+
+std::unique_ptr<current_device> cuda_context::make_current() const {
+#if H2_TORCH_HAS_CUDA
+  return std::make_unique<stream_binding>(stream_->stream);
+#else
+  return nullptr;
+#endif
+}
+
+memory_usage cuda_context::usage() const {
+#if H2_TORCH_HAS_CUDA
+  // Index 0 of each stat array is the aggregate over pool kinds (StatType::
+  // AGGREGATE in every libtorch version).
+  const auto stats =
+    c10::cuda::CUDACachingAllocator::getDeviceStats(torch_device().index());
+  const auto& allocated = stats.allocated_bytes[0];
+  const auto& reserved = stats.reserved_bytes[0];
+  return {static_cast<std::uint64_t>(allocated.current),
+          static_cast<std::uint64_t>(allocated.peak),
+          static_cast<std::uint64_t>(reserved.current),
+          memory_ptr()->capacity_bytes()};
+#else
+  return device_context::usage();
+#endif
+}
+
+void cuda_context::reset_peak() {
+#if H2_TORCH_HAS_CUDA
+  c10::cuda::CUDACachingAllocator::resetPeakStats(torch_device().index());
+#else
+  device_context::reset_peak();
+#endif
+}
+
+std::exception_ptr
+cuda_context::translate(const c10::Error& e,
+                        std::uint64_t failures_before) const {
+  if (dynamic_cast<const c10::OutOfMemoryError*>(&e) == nullptr)
+    return device_context::translate(e, failures_before);
+  std::string what = e.what_without_backtrace();
+  return std::make_exception_ptr(device_error(
+    device_errc::out_of_memory,
+    "chip " + describe() +
+      " is out of device memory: " + what.substr(0, what.find('\n'))));
 }
 
 int cuda_context::device_count() noexcept {

@@ -18,14 +18,15 @@ struct hip_api {
     return std::nullopt;
   }
 
-  static std::optional<std::string> total_memory(int device,
-                                                 std::uint64_t& total) {
+  static std::optional<std::string> memory(int device, std::uint64_t& free,
+                                           std::uint64_t& total) {
     std::size_t free_bytes = 0, total_bytes = 0;
     hipError_t rc = hipSetDevice(device);
     if (rc == hipSuccess)
       rc = hipMemGetInfo(&free_bytes, &total_bytes);
     if (rc != hipSuccess)
       return std::string("hipMemGetInfo: ") + hipGetErrorString(rc);
+    free = free_bytes;
     total = total_bytes;
     return std::nullopt;
   }

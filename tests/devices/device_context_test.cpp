@@ -205,11 +205,49 @@ void expect_gpu_opens(const std::string& kind, const std::string& runtime) {
   EXPECT_FALSE(d->layer_seconds(compute_layer_work(j.model, 1, 1, dtype::fp32),
                                 pass::forward)
                  .has_value());
+  thread_binding bind(*d); // the chip's stream
   at::Tensor host = at::arange(16, at::kFloat);
   at::Tensor on_chip = d->to_device(host);
   EXPECT_EQ(on_chip.device(), d->torch_device());
+  EXPECT_TRUE(d->holds(on_chip));
+  EXPECT_FALSE(d->holds(host));
   d->synchronize();
   EXPECT_TRUE(d->to_host(on_chip).equal(host));
+#if H2_TORCH_HAS_CUDA
+  // Host copies land in pinned memory; the memory figures are the caching
+  // allocator's; a bf16 chip's autocast is CUDA's; running out of device
+  // memory is device_error(out_of_memory) naming the chip.
+  EXPECT_TRUE(d->to_host(on_chip).is_pinned());
+  const auto before = d->usage();
+  EXPECT_LT(before.capacity, std::uint64_t{1} << 50);
+  at::Tensor block = at::empty(
+    {64 << 20}, at::TensorOptions(at::kByte).device(d->torch_device()));
+  EXPECT_GE(d->usage().used, before.used + (64u << 20));
+  EXPECT_GE(d->usage().reserved, d->usage().used);
+  block.reset();
+  EXPECT_LE(d->usage().used, before.used);
+  auto spec = *j.find_chip(chip_id{0, 1});
+  spec.compute_dtype = dtype::bf16;
+  auto bf16 = make(spec, j.emulation);
+  {
+    thread_binding bind_bf16(*bf16);
+    compute_scope scope(*bf16);
+    auto a = at::ones({4, 8}, at::TensorOptions().device(bf16->torch_device()));
+    EXPECT_EQ(at::matmul(a, a.t()).scalar_type(), at::kBFloat16);
+  }
+  try {
+    at::empty({static_cast<std::int64_t>(d->usage().capacity) * 4},
+              at::TensorOptions(at::kByte).device(d->torch_device()));
+    FAIL() << "allocated four times the chip's capacity";
+  } catch (const c10::Error& e) {
+    try {
+      std::rethrow_exception(d->translate(e, d->memory().failures()));
+    } catch (const device_error& oom) {
+      EXPECT_EQ(oom.code(), device_errc::out_of_memory);
+      expect_contains(oom.what(), "0:1 (" + kind + ":0)");
+    }
+  }
+#endif
 }
 
 TEST(devices_context, cuda_chip_without_a_device_is_unavailable) {
@@ -307,6 +345,8 @@ TEST(devices_context, take_aliases_host_tensors_and_charges_the_taker) {
   }
   at::Tensor taken = taker->take(t);
   EXPECT_EQ(taken.data_ptr(), t.data_ptr());
+  EXPECT_TRUE(taker->holds(taken));
+  EXPECT_FALSE(giver->holds(taken));
   EXPECT_EQ(taker->memory().used_bytes(), 256u);
   EXPECT_EQ(giver->memory().used_bytes(), 256u);
   t.reset();
@@ -317,6 +357,27 @@ TEST(devices_context, take_aliases_host_tensors_and_charges_the_taker) {
   at::Tensor h = at::ones({3});
   EXPECT_EQ(giver->to_device(h).data_ptr(), h.data_ptr());
   EXPECT_EQ(giver->to_host(h).data_ptr(), h.data_ptr());
+}
+
+TEST(devices_context, a_chip_holds_what_it_allocated_or_took_over) {
+  auto a = make(1);
+  auto b = make(2);
+  EXPECT_FALSE(a->holds(at::Tensor()));
+  EXPECT_FALSE(a->holds(at::ones({4}))); // allocated with no chip bound
+  at::Tensor mine;
+  {
+    thread_binding bind(*a);
+    mine = at::ones({4, 4});
+    EXPECT_FALSE(a->holds(
+      at::empty({4}, at::TensorOptions().device(c10::kMeta)))); // elsewhere
+  }
+  EXPECT_TRUE(a->holds(mine));
+  EXPECT_TRUE(a->holds(mine.narrow(0, 1, 2))); // views share the storage
+  EXPECT_FALSE(b->holds(mine));
+  EXPECT_EQ(charged_account(mine), &a->memory());
+  const auto taken = b->take(mine);
+  EXPECT_TRUE(b->holds(taken));
+  EXPECT_EQ(charged_account(taken), &b->memory());
 }
 
 } // namespace

@@ -6,6 +6,7 @@
 
 #include "h2/core/error.hpp"
 #include "h2/core/job.hpp"
+#include "h2/devices/device_context.hpp"
 #include "h2/model/layers.hpp"
 #include "h2/model/stage.hpp"
 #include "h2/runtime/stage_state.hpp"
@@ -42,7 +43,7 @@ checkpoint checkpoint_of(const std::string& job, const gpt_config& weights) {
       p.exp_avg = p.value.detach() * 0.5;
       p.exp_avg_sq = p.value.detach().square();
     }
-    c.layers.push_back(snapshot_layer(*layer));
+    c.layers.push_back(snapshot_layer(*devices::make_host_device(), *layer));
     file_record record;
     record.file = layer_file_name(i);
     record.layer = i;

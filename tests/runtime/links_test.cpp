@@ -152,5 +152,22 @@ TEST(runtime_links, channel_limits_follow_the_plan) {
   EXPECT_EQ(wide_limits.max_unawaited, 2u * 2 * 3 + 4);
 }
 
+TEST(runtime_links, the_device_path_is_named_only_for_gpu_chips) {
+  const catalog& profiles = catalog::builtin();
+  const auto cpu = chip_of_device("cpu", "", profiles);
+  const auto emulated = chip_of_device("emulated:h100-sxm", "", profiles);
+  const auto cuda = chip_of_device("cuda:0", "", profiles);
+  const auto hip = chip_of_device("hip:1", "", profiles);
+  EXPECT_EQ(device_path(cpu, emulated, "shm"), "");
+  EXPECT_EQ(device_path(cuda, emulated, "inproc"),
+            "device tensors handed over, copied onto the receiver's device");
+  for (const char* backend : {"shm", "tcp", "rdma"}) {
+    EXPECT_EQ(device_path(cuda, cpu, backend),
+              "device tensors staged through pinned host memory");
+    EXPECT_EQ(device_path(emulated, hip, backend),
+              device_path(cuda, cpu, backend));
+  }
+}
+
 } // namespace
 } // namespace h2::runtime

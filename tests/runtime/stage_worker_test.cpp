@@ -99,6 +99,28 @@ public:
       w->restore(states);
   }
 
+  /// Every parameter, gradient and AdamW moment of every stage lives on
+  /// its chip (device_context::holds: its device, and charged to its
+  /// memory). `moments`: the optimizer has run.
+  void expect_on_their_chips(bool moments) const {
+    for (const auto& w : workers_) {
+      auto& device = w->device();
+      for (auto* p : w->stage().parameters()) {
+        SCOPED_TRACE(device.describe() + " " + p->name);
+        EXPECT_TRUE(device.holds(p->value));
+        EXPECT_EQ(p->value.device(), device.torch_device());
+        if (p->value.grad().defined()) {
+          EXPECT_TRUE(device.holds(p->value.grad()));
+        }
+        EXPECT_EQ(p->exp_avg.defined(), moments);
+        if (moments) {
+          EXPECT_TRUE(device.holds(p->exp_avg));
+          EXPECT_TRUE(device.holds(p->exp_avg_sq));
+        }
+      }
+    }
+  }
+
   std::vector<parameter_values> parameters() const {
     std::vector<parameter_values> out;
     for (const auto& w : workers_) {
@@ -177,6 +199,41 @@ TEST(runtime_stage_worker, state_moves_to_another_plan_and_training_goes_on) {
   second.restore(states);
   EXPECT_EQ(second.step(1), expected.losses.at(1));
   expect_bitwise(second.parameters(), expected.params);
+}
+
+TEST(runtime_stage_worker, every_tensor_of_a_stage_lives_on_its_chip) {
+  // Parameters, gradients and moments are checked here; batches, received
+  // activations and gradients and forward outputs by the worker itself at
+  // every op (an internal_error naming the chip would fail the step).
+  auto job = two_stage_job();
+  job->train.steps = 3;
+  std::vector<layer_state> states;
+  {
+    pipeline p(job, scheduler::make_plan(*job));
+    p.expect_on_their_chips(false);
+    p.step(0);
+    p.expect_on_their_chips(true);
+    states = p.snapshot();
+  }
+  {
+    SCOPED_TRACE("resumed under the same plan");
+    pipeline resumed(job, scheduler::make_plan(*job));
+    resumed.restore(states);
+    resumed.expect_on_their_chips(true);
+    resumed.step(1);
+    resumed.expect_on_their_chips(true);
+  }
+  {
+    SCOPED_TRACE("a layer moved to the other chip");
+    plan other = scheduler::make_plan(*job);
+    other.replicas[0].stages[0].end_layer = 4;
+    other.replicas[0].stages[1].first_layer = 4;
+    pipeline moved(job, other);
+    moved.restore(states);
+    moved.expect_on_their_chips(true);
+    moved.step(1);
+    moved.expect_on_their_chips(true);
+  }
 }
 
 TEST(runtime_stage_worker, a_state_that_does_not_fit_is_refused) {

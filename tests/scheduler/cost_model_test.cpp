@@ -245,5 +245,46 @@ TEST(scheduler_cost_model, capacity_is_scaled_memory) {
                    std::floor(40.0 * (1 << 30) * 0.25));
 }
 
+TEST(scheduler_cost_model, a_gpus_capacity_comes_from_the_measurements) {
+  // A real chip's profile has no memory: what its opened device offers
+  // (free memory minus the reserve) is asked once per device.
+  auto job = parse_job(test::model_toml(17, 8, 16, 2, 2) + R"(
+[train]
+global_batch = 4
+[[nodes]]
+chips = ["cuda:0", "cuda:1", "emulated:h100-sxm"]
+)",
+                       "gpu.toml");
+  struct gpus final : chip_measurements {
+    layer_timing layer(const chip_spec&, layer_kind, int) override {
+      return {1, 2};
+    }
+    double optimizer(const chip_spec&, layer_kind) override { return 1; }
+    std::optional<double> capacity_bytes(const chip_spec& chip) override {
+      ++asked;
+      if (chip.backend != device_backend::cuda)
+        return std::nullopt;
+      return chip.device_index == 0 ? 8e9 : 4e9;
+    }
+    int asked = 0;
+  } m;
+  cost_model cm(job, m);
+  EXPECT_DOUBLE_EQ(cm.capacity_bytes(*job.find_chip({0, 0})), 8e9);
+  EXPECT_DOUBLE_EQ(cm.capacity_bytes(*job.find_chip({0, 1})), 4e9);
+  EXPECT_DOUBLE_EQ(cm.capacity_bytes(*job.find_chip({0, 0})), 8e9);
+  EXPECT_EQ(m.asked, 2);
+  // Emulated chips keep their profile's memory; no question asked.
+  EXPECT_DOUBLE_EQ(cm.capacity_bytes(*job.find_chip({0, 2})), 80.0 * (1 << 30));
+  EXPECT_EQ(m.asked, 2);
+  // Sources that open no chips leave a GPU unbounded, as before.
+  function_measurements plain(
+    [](const chip_spec&, layer_kind, int) {
+      return layer_timing{1, 2};
+    },
+    [](const chip_spec&, layer_kind) { return 1.0; });
+  cost_model unbounded(job, plain);
+  EXPECT_TRUE(std::isinf(unbounded.capacity_bytes(*job.find_chip({0, 0}))));
+}
+
 } // namespace
 } // namespace h2::scheduler

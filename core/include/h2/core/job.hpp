@@ -44,6 +44,13 @@ struct chip_spec {
   chip_profile profile; ///< catalog profile (emulated) or the host's (cpu)
 };
 
+/// The chip a device string names ("cpu", "emulated:<profile>",
+/// "cuda:<n>", "hip:<n>"), with its backend, index and profile (emulated
+/// profiles from `profiles`) and dtype fp32. Throws config_error at `where`
+/// for anything else.
+chip_spec chip_of_device(const std::string& device, const std::string& where,
+                         const catalog& profiles);
+
 /// One h2-node process and its chips.
 struct node_spec {
   int rank = 0;
@@ -169,6 +176,15 @@ struct watchdog_config {
   double floor_seconds = 60;
 };
 
+/// [ditorch]: DiTorch's operator check (docs/ditorch.md).
+struct ditorch_config {
+  /// Before training, check every operator of the GPT on each kind of chip
+  /// this process runs (device and dtype; emulated chips compute on the
+  /// host CPU) against the host CPU, as h2-opcheck does. A failure ends the
+  /// run with exit code 4 before its first step.
+  bool check = false;
+};
+
 /// [checkpoint]: where and how often the job saves its training state
 /// (docs/checkpoints.md). Without the table, nothing is saved.
 struct checkpoint_config {
@@ -273,6 +289,7 @@ struct job_config {
   transport_config transport;
   runtime_config runtime;
   watchdog_config watchdog;
+  ditorch_config ditorch;
   checkpoint_config checkpoint;
   restart_config restart;
   cluster_config cluster;

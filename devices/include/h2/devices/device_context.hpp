@@ -14,6 +14,9 @@
 
 #include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
+#include <c10/util/Exception.h>
+
+#include <exception>
 
 #include <memory>
 #include <optional>
@@ -23,8 +26,16 @@ namespace h2::devices {
 
 class device_context;
 
+/// What a backend makes current on a thread besides the memory account
+/// (a GPU's device and stream); restores the previous state when destroyed.
+class current_device {
+public:
+  virtual ~current_device() = default;
+};
+
 /// Makes a device current on the calling thread: its memory account, its
-/// intra-op thread count. Restores the previous state when destroyed.
+/// intra-op thread count, and on GPUs the device and the chip's stream.
+/// Restores the previous state when destroyed.
 class thread_binding {
 public:
   explicit thread_binding(const device_context& device);
@@ -35,11 +46,21 @@ public:
 private:
   memory_binding memory_;
   int previous_threads_;
+  std::unique_ptr<current_device> current_;
 };
 
-/// Runs the chip's math in its compute dtype for the scope's lifetime
-/// (autocast to bf16 on bf16 chips; nothing on fp32 chips). Open one around
-/// every forward pass, including recomputation.
+/// A chip's memory as its reports show it.
+struct memory_usage {
+  std::uint64_t used = 0;     ///< bytes held by tensors now
+  std::uint64_t peak = 0;     ///< most held since reset_peak()
+  std::uint64_t reserved = 0; ///< held by the allocator (GPUs: its cache)
+  std::uint64_t capacity = 0; ///< what the chip may use
+};
+
+/// Runs the chip's math in its compute dtype for the scope's lifetime:
+/// autocast of the chip's device type (CPU or CUDA) to bf16 on bf16 chips;
+/// nothing on fp32 chips. Open one around every forward pass, including
+/// recomputation.
 class compute_scope {
 public:
   explicit compute_scope(const device_context& device);
@@ -49,6 +70,7 @@ public:
 
 private:
   bool active_ = false;
+  c10::DeviceType type_ = c10::kCPU;
   bool previous_enabled_ = false;
   at::ScalarType previous_dtype_ = at::kBFloat16;
 };
@@ -88,8 +110,33 @@ public:
   /// device_error(out_of_memory) when it does not fit.
   virtual at::Tensor take(const at::Tensor& tensor) const;
 
+  /// Whether `tensor` lives on this chip: on its torch device and, for
+  /// chips backed by host memory, charged to its memory account (allocated
+  /// with the chip bound, or taken over with take()).
+  bool holds(const at::Tensor& tensor) const noexcept;
+
   /// Waits for the chip's queued work (no-op for CPU-backed chips).
   virtual void synchronize() const {}
+
+  /// What thread_binding makes current besides the memory account (null:
+  /// nothing, as on CPU-backed chips).
+  virtual std::unique_ptr<current_device> make_current() const {
+    return nullptr;
+  }
+
+  /// The chip's memory now: the memory account on CPU-backed chips, the
+  /// caching allocator's figures on GPUs.
+  virtual memory_usage usage() const;
+
+  /// Starts a new peak measurement at the current usage.
+  virtual void reset_peak();
+
+  /// The error a libtorch failure on this chip is: device_error
+  /// (out_of_memory) for an allocation that did not fit, h2::error naming
+  /// the chip otherwise. `failures_before`: memory().failures() before the
+  /// failed work.
+  virtual std::exception_ptr translate(const c10::Error& e,
+                                       std::uint64_t failures_before) const;
 
   /// Emulated seconds of a layer op; nullopt on real devices, whose ops are
   /// measured instead.
@@ -132,6 +179,12 @@ private:
 std::unique_ptr<device_context> make_device(const chip_spec& spec,
                                             const emulation_config& emulation,
                                             chip_clock clock, int threads);
+
+/// The host CPU as a chip (`cpu`, computing in `compute`): where tools
+/// that run the model outside a job compute (h2-export, h2-opcheck's
+/// reference).
+std::unique_ptr<device_context> make_host_device(dtype compute = dtype::fp32,
+                                                 int threads = 1);
 
 /// The backends compiled into this build, e.g. {"cpu", "emulated", "cuda"}.
 std::vector<std::string> built_backends();

@@ -82,6 +82,11 @@ const std::shared_ptr<memory_account>& current_account() noexcept;
 at::Tensor adopt(const at::Tensor& tensor,
                  const std::shared_ptr<memory_account>& account);
 
+/// The account `tensor`'s storage is charged to: the chip bound when it
+/// was allocated, or the chip that adopted it; nullptr when none is (host
+/// memory allocated unbound, or another device's). Never throws.
+const memory_account* charged_account(const at::Tensor& tensor) noexcept;
+
 /// Bytes of the storage behind `tensor` (0 for undefined tensors).
 std::uint64_t storage_bytes(const at::Tensor& tensor) noexcept;
 

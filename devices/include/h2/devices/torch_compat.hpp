@@ -13,32 +13,41 @@
 
 namespace h2::devices::compat {
 
-/// Enables or disables CPU autocast with `dtype` on the calling thread.
-inline void set_cpu_autocast(bool enabled, at::ScalarType dtype) {
+/// Enables or disables autocast of device type `type` (CPU or CUDA) with
+/// `dtype` on the calling thread.
+inline void set_autocast(c10::DeviceType type, bool enabled,
+                         at::ScalarType dtype) {
 #if H2_TORCH_AT_LEAST(2, 4)
-  at::autocast::set_autocast_enabled(at::kCPU, enabled);
-  at::autocast::set_autocast_dtype(at::kCPU, dtype);
+  at::autocast::set_autocast_enabled(type, enabled);
+  at::autocast::set_autocast_dtype(type, dtype);
 #else
-  at::autocast::set_cpu_enabled(enabled);
-  at::autocast::set_autocast_cpu_dtype(dtype);
+  if (type == c10::kCPU) {
+    at::autocast::set_cpu_enabled(enabled);
+    at::autocast::set_autocast_cpu_dtype(dtype);
+  } else {
+    at::autocast::set_enabled(enabled);
+    at::autocast::set_autocast_gpu_dtype(dtype);
+  }
 #endif
 }
 
-/// The dtype CPU autocast casts to on the calling thread.
-inline at::ScalarType cpu_autocast_dtype() {
+/// The dtype autocast of `type` casts to on the calling thread.
+inline at::ScalarType autocast_dtype(c10::DeviceType type) {
 #if H2_TORCH_AT_LEAST(2, 4)
-  return at::autocast::get_autocast_dtype(at::kCPU);
+  return at::autocast::get_autocast_dtype(type);
 #else
-  return at::autocast::get_autocast_cpu_dtype();
+  return type == c10::kCPU ? at::autocast::get_autocast_cpu_dtype()
+                           : at::autocast::get_autocast_gpu_dtype();
 #endif
 }
 
-/// Whether CPU autocast is on for the calling thread.
-inline bool cpu_autocast_enabled() {
+/// Whether autocast of `type` is on for the calling thread.
+inline bool autocast_enabled(c10::DeviceType type) {
 #if H2_TORCH_AT_LEAST(2, 4)
-  return at::autocast::is_autocast_enabled(at::kCPU);
+  return at::autocast::is_autocast_enabled(type);
 #else
-  return at::autocast::is_cpu_enabled();
+  return type == c10::kCPU ? at::autocast::is_cpu_enabled()
+                           : at::autocast::is_enabled();
 #endif
 }
 

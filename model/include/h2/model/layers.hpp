@@ -9,6 +9,7 @@
 #include "h2/core/model_config.hpp"
 
 #include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
 
 #include <cstdint>
 #include <memory>
@@ -78,10 +79,12 @@ inline constexpr double layer_norm_eps = 1e-5;
 /// (docs/export.md).
 at::Tensor head_logits(const layer& head, const at::Tensor& input);
 
-/// Builds global layer `index` of `cfg` with weights drawn from
-/// (seed, index). Tensors are allocated on the calling thread (and so are
-/// charged to the chip bound to it).
+/// Builds global layer `index` of `cfg` on `device` with weights drawn
+/// from (seed, index) on the host: the same bits on every device. Host
+/// tensors are allocated on the calling thread (and so are charged to the
+/// chip bound to it).
 std::unique_ptr<layer> make_layer(const gpt_config& cfg, int index,
-                                  std::uint64_t seed);
+                                  std::uint64_t seed,
+                                  c10::Device device = c10::kCPU);
 
 } // namespace h2::model

@@ -49,6 +49,11 @@ public:
   /// The AdamW update of one `kind` layer on a chip like `chip`.
   double optimizer(const chip_spec& chip, layer_kind kind);
 
+  /// What `chip` may hold: its device context's capacity (a GPU's free
+  /// memory when opened minus the reserve). Throws device_error when the
+  /// device is unavailable.
+  std::uint64_t capacity_bytes(const chip_spec& chip);
+
 private:
   devices::device_context& device(const chip_spec& chip);
 

@@ -10,10 +10,10 @@ namespace h2::model {
 
 class stage {
 public:
-  /// Builds layers [first_layer, end_layer) of `cfg` from `seed`, on the
-  /// calling thread.
+  /// Builds layers [first_layer, end_layer) of `cfg` from `seed` on
+  /// `device`, on the calling thread.
   stage(const gpt_config& cfg, int first_layer, int end_layer,
-        std::uint64_t seed);
+        std::uint64_t seed, c10::Device device = c10::kCPU);
 
   /// Runs every layer of the stage. The first stage ignores `input` and
   /// embeds mb.tokens; the last returns the scaled loss (a scalar).
@@ -24,6 +24,8 @@ public:
   bool has_embedding() const noexcept { return first_ == 0; }
   bool has_head() const noexcept { return end_ == cfg_.num_layers(); }
   const gpt_config& config() const noexcept { return cfg_; }
+  /// Where the stage's parameters live.
+  c10::Device device() const noexcept { return device_; }
 
   /// The stage's layers, in order.
   const std::vector<std::unique_ptr<layer>>& layers() const noexcept {
@@ -41,6 +43,7 @@ public:
 private:
   gpt_config cfg_;
   int first_, end_;
+  c10::Device device_;
   std::vector<std::unique_ptr<layer>> layers_;
 };
 

@@ -15,8 +15,10 @@ namespace h2::model {
 
 class single_chip_trainer {
 public:
-  /// Builds the whole model and the job's data source on the calling thread.
-  explicit single_chip_trainer(const job_config& job);
+  /// Builds the whole model on `device` and the job's data source, on the
+  /// calling thread. Computes in fp32.
+  explicit single_chip_trainer(const job_config& job,
+                               c10::Device device = c10::kCPU);
 
   /// One optimizer step (0-based `step`) over the job's global batch in
   /// micro-batches of train.micro_batch; returns the step's loss. Without
@@ -29,6 +31,7 @@ public:
 
 private:
   job_config job_;
+  c10::Device device_;
   stage model_;
   std::unique_ptr<data_source> data_;
 };

@@ -29,6 +29,8 @@ public:
   scheduler::layer_timing layer(const chip_spec& chip, layer_kind kind,
                                 int micro_batch_size) override;
   double optimizer(const chip_spec& chip, layer_kind kind) override;
+  /// A GPU chip's capacity (model::chip_profiler::capacity_bytes).
+  std::optional<double> capacity_bytes(const chip_spec& chip) override;
 
 private:
   std::unique_ptr<model::chip_profiler> profiler_;

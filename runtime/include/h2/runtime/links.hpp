@@ -44,6 +44,12 @@ assign_links(const plan& p,
              const std::map<int, transport::endpoint_address>& addresses,
              std::string_view forced);
 
+/// How a channel of `backend` between chips `a` and `b` carries a GPU chip's
+/// tensors (docs/transport.md, "Device memory"); "" when neither chip is
+/// a GPU (`cuda`/`hip`): everything is host memory then. Pure.
+std::string device_path(const chip_spec& a, const chip_spec& b,
+                        std::string_view backend);
+
 /// What each channel of plan `p` takes from its peer (docs/transport.md,
 /// Bounds):
 ///   - payloads up to three times the largest message the plan sends: one

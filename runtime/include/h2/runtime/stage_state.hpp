@@ -4,22 +4,27 @@
 // store it; live rebalancing moves it between chips.
 #pragma once
 
+#include "h2/devices/device_context.hpp"
 #include "h2/model/layers.hpp"
 #include "h2/runtime/safetensors.hpp"
 
 namespace h2::runtime {
 
-/// Host copies of `l`'s parameters (fp32 master weights) and, once the
-/// optimizer has run, its AdamW moments ("<param>.exp_avg",
-/// "<param>.exp_avg_sq"). Call with `l`'s chip bound to the thread.
-layer_state snapshot_layer(const model::layer& l);
+/// Host copies (device.to_host) of `l`'s parameters (fp32 master weights)
+/// and, once the optimizer has run, its AdamW moments ("<param>.exp_avg",
+/// "<param>.exp_avg_sq"). `l` lives on `device`, which is bound to the
+/// thread.
+layer_state snapshot_layer(const devices::device_context& device,
+                           const model::layer& l);
 
 /// Overwrites `l`'s parameters and moments with `s` (without moments: the
 /// state before the first update, and `l`'s moments are dropped). Copies
-/// into the existing tensors, so memory stays charged to `l`'s chip; call
-/// with that chip bound to the thread. Throws checkpoint_error(mismatch)
-/// naming the layer and tensor when `s` is for another layer, lacks a
-/// parameter, has a tensor `l` lacks, or a shape or dtype differs.
-void restore_layer(model::layer& l, const layer_state& s);
+/// into the existing tensors (through device.to_device), so they stay on
+/// `l`'s chip, `device`, which is bound to the thread. Throws
+/// checkpoint_error(mismatch) naming the layer and tensor when `s` is for
+/// another layer, lacks a parameter, has a tensor `l` lacks, or a shape or
+/// dtype differs.
+void restore_layer(const devices::device_context& device, model::layer& l,
+                   const layer_state& s);
 
 } // namespace h2::runtime

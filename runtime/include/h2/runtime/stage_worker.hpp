@@ -153,6 +153,13 @@ private:
                 std::optional<double> predicted);
   void end_op();
   memory_report memory_now() const;
+  /// The micro-batch of `split` that starts at `first_sequence`, on the
+  /// chip (stages with the embedding or the head only).
+  model::micro_batch load_batch(model::split split, std::int64_t step,
+                                int first_sequence, double scale) const;
+  /// Throws internal_error naming `what` unless `t` lives on the chip
+  /// (device_context::holds).
+  void expect_held(const at::Tensor& t, const char* what) const;
   clock_pair clocks() const;
   double layer_seconds(devices::pass p) const;
   /// What an emulated op of `kind` (micro-batch `micro_batch`, step `step`)

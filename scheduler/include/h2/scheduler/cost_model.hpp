@@ -113,7 +113,8 @@ public:
   const gpt_config& model() const noexcept { return job_->model; }
 
   /// Bytes the chip may hold: its memory x memory_scale for emulated chips,
-  /// its memory otherwise.
+  /// what the measurements say for real chips that they open (GPUs: free
+  /// memory minus the reserve), its profile's memory otherwise.
   double capacity_bytes(const chip_spec& chip) const;
 
   /// The coefficients of `chip` at `micro_batch_size` (measured on first
@@ -166,6 +167,8 @@ public:
 private:
   const job_config* job_;
   measurement_cache cache_;
+  /// Real chips' capacities by device, asked once.
+  mutable std::map<std::string, double> capacities_;
   std::map<std::pair<std::string, int>, stage_coefficients> coefficients_;
 };
 

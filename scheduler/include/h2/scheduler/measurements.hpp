@@ -10,6 +10,7 @@
 #include <cstddef>
 #include <functional>
 #include <map>
+#include <optional>
 #include <string>
 #include <tuple>
 
@@ -38,6 +39,14 @@ public:
   /// Seconds of the optimizer update (AdamW, fp32 master weights) of one
   /// layer of kind `kind` on a chip like `chip`.
   virtual double optimizer(const chip_spec& chip, layer_kind kind) = 0;
+
+  /// The bytes a real chip (cuda, hip) offers: its free memory when opened
+  /// minus the reserve (docs/ditorch.md, "Memory"). nullopt: the chip's
+  /// profile says (emulated and cpu chips, and sources that do not open
+  /// chips).
+  virtual std::optional<double> capacity_bytes(const chip_spec&) {
+    return std::nullopt;
+  }
 };
 
 /// chip_measurements answered by two callables (tests, glue code).

@@ -1,7 +1,9 @@
 // Backend `cuda:<n>`: an NVIDIA GPU. Compiled when the CUDA toolkit is found
 // (H2_WITH_CUDA); usable only where a CUDA device exists and libtorch was
-// built with CUDA. Time is measured (after synchronizing), memory is the
-// device's own, whose allocator enforces the capacity.
+// built with CUDA (H2_TORCH_HAS_CUDA: the stream, memory figures and
+// out-of-memory errors below need libtorch's c10/cuda). Time is measured
+// (after synchronizing); memory is the device's own, read from libtorch's
+// caching allocator (docs/ditorch.md).
 #pragma once
 
 #include "h2/devices/device_context.hpp"
@@ -17,13 +19,37 @@ public:
   /// Throws device_error(unavailable) when no such device exists or libtorch
   /// lacks CUDA.
   cuda_context(const chip_spec& spec, chip_clock clock, int threads);
+  ~cuda_context() override;
 
   c10::Device torch_device() const override;
+  /// Host to device through a pinned buffer, on the chip's stream; call
+  /// with the chip bound (thread_binding).
+  at::Tensor to_device(const at::Tensor& host) const override;
+  /// Device to a pinned host buffer, waiting for the copy; call with the
+  /// chip bound.
+  at::Tensor to_host(const at::Tensor& tensor) const override;
+  /// A tensor of this device as it is; others copied onto it.
+  at::Tensor take(const at::Tensor& tensor) const override;
   void synchronize() const override;
+  /// The device and the chip's own stream.
+  std::unique_ptr<current_device> make_current() const override;
+  /// Allocated (used, peak) and reserved bytes of libtorch's caching
+  /// allocator on this device; the capacity is the free memory at start
+  /// minus the reserve.
+  memory_usage usage() const override;
+  void reset_peak() override;
+  /// libtorch's OutOfMemoryError is device_error(out_of_memory) naming the
+  /// chip.
+  std::exception_ptr translate(const c10::Error& e,
+                               std::uint64_t failures_before) const override;
 
   /// Number of CUDA devices visible here (0 when the driver reports none or
   /// fails: no driver is "no device").
   static int device_count() noexcept;
+
+private:
+  struct chip_stream;
+  std::unique_ptr<chip_stream> stream_; ///< null without H2_TORCH_HAS_CUDA
 };
 
 /// The CUDA allocation that holds a pointer, as the RDMA transport needs it

@@ -1,0 +1,32 @@
+// What h2-opcheck and `[ditorch] check = true` print and decide
+// (docs/ditorch.md, "Checking operators").
+#pragma once
+
+#include "h2/core/job.hpp"
+#include "h2/model/opcheck.hpp"
+
+#include <ostream>
+#include <vector>
+
+namespace h2::apps {
+
+/// The operator check's settings for `job`: its model's shapes, its
+/// micro-batch, its seed and its AdamW hyper-parameters.
+model::opcheck_options opcheck_options_of(const job_config& job);
+
+/// `results` as a table, one row per compared tensor (only the failed ones
+/// when `failures_only`).
+void print_opcheck_table(std::ostream& out,
+                         const std::vector<model::opcheck_result>& results,
+                         bool failures_only);
+
+/// `[ditorch] check = true`: checks every operator on each kind of chip of
+/// `chips` (device and dtype; an emulated chip computes on the host CPU)
+/// against the host CPU, printing a line per kind and the failed rows.
+/// Returns exit_ok, or exit_check_failed when an operator failed. Throws
+/// device_error when a chip's device is unavailable.
+int check_chip_operators(const job_config& job,
+                         const std::vector<const chip_spec*>& chips,
+                         std::ostream& out);
+
+} // namespace h2::apps

@@ -1,0 +1,88 @@
+#include "h2/apps/opcheck.hpp"
+
+#include "h2/apps/exit_codes.hpp"
+#include "h2/devices/device_context.hpp"
+
+#include <cstdio>
+#include <map>
+#include <string>
+
+namespace h2::apps {
+
+model::opcheck_options opcheck_options_of(const job_config& job) {
+  model::opcheck_options o;
+  o.shapes = job.model;
+  o.micro_batch = job.train.micro_batch;
+  o.seed = job.seed;
+  o.train = job.train;
+  return o;
+}
+
+void print_opcheck_table(std::ostream& out,
+                         const std::vector<model::opcheck_result>& results,
+                         bool failures_only) {
+  char line[256];
+  std::snprintf(line, sizeof(line),
+                "%-14s %-12s %-10s %10s %12s %12s %10s %9s %9s  %s\n",
+                "operator", "tensor", "dtype/ref", "elements", "max abs err",
+                "max rel err", "cosine", "atol", "rtol", "result");
+  out << line;
+  for (const auto& r : results) {
+    if (failures_only && r.passed)
+      continue;
+    const std::string dtypes = r.computed + "/" + r.reference;
+    std::snprintf(line, sizeof(line),
+                  "%-14s %-12s %-10s %10lld %12.3e %12.3e %10.7f %9.2e %9.2e  "
+                  "%s\n",
+                  r.op.c_str(), r.tensor.c_str(), dtypes.c_str(),
+                  static_cast<long long>(r.elements), r.max_abs_error,
+                  r.max_rel_error, r.cosine, r.tol.atol, r.tol.rtol,
+                  r.passed ? "pass" : "FAIL");
+    out << line;
+  }
+}
+
+int check_chip_operators(const job_config& job,
+                         const std::vector<const chip_spec*>& chips,
+                         std::ostream& out) {
+  // One check per kind: the device it computes on, and its dtype.
+  std::map<std::string, chip_spec> kinds;
+  for (const chip_spec* chip : chips) {
+    chip_spec c = *chip;
+    if (c.backend == device_backend::emulated) {
+      c = chip_of_device("cpu", "", job.profiles);
+      c.compute_dtype = chip->compute_dtype;
+    }
+    kinds.emplace(
+      c.device + " (" + std::string(to_string(c.compute_dtype)) + ")", c);
+  }
+  const auto options = opcheck_options_of(job);
+  const int threads = job.train.threads_per_chip;
+  const auto reference = devices::make_host_device(dtype::fp32, threads);
+  int code = exit_ok;
+  for (const auto& [name, spec] : kinds) {
+    auto device = devices::make_device(
+      spec, job.emulation,
+      devices::chip_clock(clock_mode::virtual_clock,
+                          devices::chip_clock::wall_clock::now()),
+      threads);
+    const auto results = model::check_operators(*device, *reference, options);
+    const auto failed = model::failed_operators(results);
+    out << "ditorch check: " << name << " against cpu: ";
+    if (failed.empty()) {
+      out << model::checked_operators().size() << " operators pass"
+          << std::endl;
+      continue;
+    }
+    std::string list;
+    for (const auto& op : failed)
+      list += (list.empty() ? "" : ", ") + op;
+    out << failed.size() << " of " << model::checked_operators().size()
+        << " operators failed: " << list << std::endl;
+    print_opcheck_table(out, results, true);
+    code = exit_check_failed;
+  }
+  return code;
+}
+
+} // namespace h2::apps
