@@ -1,0 +1,107 @@
+#!/bin/sh
+# H2 on a real NVIDIA GPU, in one run of under 8 minutes (docs/ditorch.md,
+# "On a GPU"): configures with the CUDA toolkit under /usr/local/cuda
+# against the machine's CUDA-enabled libtorch (PyTorch's
+# torch.utils.cmake_prefix_path), builds the device, model and runtime tests
+# and the binaries, then
+#   1. runs the CUDA device tests (they must run, not skip) and the device,
+#      model and runtime suites against this libtorch;
+#   2. h2-opcheck --device cuda:0 --reference cpu, in fp32 and bf16;
+#   3. bench_single_chip --chip cuda:0: H2 on a cuda:0-only job vs a bare
+#      libtorch loop on the same device, tokens/s ratio;
+#   4. the demo model on cuda:0 (bf16) with two emulated chips for 50 steps,
+#      and the same job with `cpu` (bf16) in cuda:0's place: every step's
+#      loss within 2% (the bf16 bound of actors_exactness_bf16).
+# Packages the build needs besides libtorch come from the system or from
+# .gpu-debs/ (bench/gpu-debs.sh fetches them on Debian 12), unpacked into a
+# private prefix. Prints the figures; exits non-zero on the first failure.
+set -eu
+t0=$(date +%s)
+root=$(cd "$(dirname "$0")/.." && pwd)
+build=${GPU_BUILD_DIR:-$root/build-gpu}
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+say() { echo "== gpu-check [$(( $(date +%s) - t0 )) s] $*"; }
+
+prefix=""
+if [ -d "$root/.gpu-debs" ]; then
+  deps=/tmp/h2-gpu-deps
+  mkdir -p "$deps"
+  for f in "$root"/.gpu-debs/*.deb; do dpkg -x "$f" "$deps"; done
+  prefix=";$deps/usr"
+  export LD_LIBRARY_PATH="$deps/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  export CPATH="$deps/usr/include${CPATH:+:$CPATH}"
+fi
+torch=$(python3 -c 'import torch; print(torch.utils.cmake_prefix_path)')
+say "libtorch $(python3 -c 'import torch; print(torch.__version__, torch.version.cuda)') at $torch"
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
+
+say "configure"
+generator=""
+command -v ninja >/dev/null && generator="-G Ninja"
+# shellcheck disable=SC2086
+cmake -S "$root" -B "$build" $generator -DCMAKE_BUILD_TYPE=Release \
+  -DCMAKE_PREFIX_PATH="$torch$prefix" -DCUDAToolkit_ROOT=/usr/local/cuda \
+  -DH2_WITH_CUDA=ON -DH2_WITH_HIP=OFF -DH2_WITH_RDMA=OFF >"$work/cmake.log" ||
+  { cat "$work/cmake.log"; exit 1; }
+grep "H2 0" "$work/cmake.log"
+grep -q "libtorch cuda=1" "$work/cmake.log" ||
+  { echo "gpu-check: this libtorch has no c10_cuda"; exit 1; }
+
+say "build"
+cmake --build "$build" -j "$(nproc)" --target test_devices test_model \
+  test_runtime h2-launch h2-node h2-opcheck bench_single_chip >"$work/build.log" ||
+  { tail -50 "$work/build.log"; exit 1; }
+
+say "1. device, model and runtime tests"
+"$build/tests/devices/test_devices" --gtest_filter='devices_context.cuda*' \
+  | tee "$work/cuda.log" | tail -3
+if grep -q "SKIPPED" "$work/cuda.log"; then
+  echo "gpu-check: a CUDA device test skipped"; exit 1
+fi
+for t in devices/test_devices model/test_model runtime/test_runtime; do
+  "$build/tests/$t" --gtest_brief=1 | tail -2
+done
+
+say "2. h2-opcheck"
+for dtype in fp32 bf16; do
+  "$build/apps/h2-opcheck" --device cuda:0 --reference cpu --dtype "$dtype"
+done
+
+say "3. cuda:0 vs a bare libtorch loop"
+"$build/bench/bench_single_chip" --chip cuda:0
+
+say "4. cuda:0 (bf16) with emulated chips, against cpu (bf16) in its place"
+job() { # $1: the first chip's device
+  sed -n '/^\[job\]/,/^\[emulation\]/p' "$root/examples/demo.toml" |
+    sed '/^\[emulation\]/d; s/^steps = .*/steps = 50/; s/^eval_every = .*/eval_every = 0/'
+  cat <<TOML
+[emulation]
+clock = "virtual"
+memory_scale = 2e-3
+overhead_scale = 0.01
+[[nodes]]
+chips = [{device = "$1", dtype = "bf16"}, "emulated:h100-sxm", "emulated:mi250x"]
+[plan]
+mode = "even"
+schedule = "1f1b"
+TOML
+}
+job cuda:0 >"$work/gpu.toml"
+job cpu >"$work/cpu.toml"
+"$build/apps/h2-launch" "$work/gpu.toml" -q --no-metrics --json-log "$work/gpu.jsonl"
+"$build/apps/h2-launch" "$work/cpu.toml" -q --no-metrics --json-log "$work/cpu.jsonl"
+python3 - "$work/gpu.jsonl" "$work/cpu.jsonl" <<'PY'
+import json, sys
+def steps(path):
+    return [e for e in map(json.loads, open(path)) if e.get("event") == "step"]
+gpu, cpu = steps(sys.argv[1]), steps(sys.argv[2])
+assert len(gpu) == len(cpu) == 50, (len(gpu), len(cpu))
+worst = max(abs(g["loss"] - c["loss"]) / c["loss"] for g, c in zip(gpu, cpu))
+tps = sum(g["tokens_per_second"] for g in gpu[1:]) / (len(gpu) - 1)
+print(f"mixed job: loss {gpu[0]['loss']:.4f} -> {gpu[-1]['loss']:.4f} on cuda:0, "
+      f"{cpu[-1]['loss']:.4f} on cpu; worst step difference {100 * worst:.2f}% "
+      f"(bound 2%); {tps:.0f} tokens/s")
+sys.exit(0 if worst <= 0.02 else 1)
+PY
+say "done in $(( $(date +%s) - t0 )) s"
