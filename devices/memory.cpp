@@ -180,9 +180,15 @@ at::Tensor adopt(const at::Tensor& tensor,
   const auto storage = tensor.storage();
   const std::uint64_t bytes = storage.nbytes();
   account->reserve(bytes);
+  std::unique_ptr<adopted_block> block;
+  try {
+    block.reset(new adopted_block{storage, account, bytes});
+  } catch (...) {
+    account->release(bytes);
+    throw;
+  }
   // From here on the alias's deleter owns the charge.
-  auto* block = new adopted_block{storage, account, bytes};
-  c10::DataPtr data(storage.data_ptr().get(), block, &free_adopted,
+  c10::DataPtr data(storage.data_ptr().get(), block.release(), &free_adopted,
                     storage.device());
   c10::Storage alias(c10::Storage::use_byte_size_t(), storage.nbytes(),
                      std::move(data), nullptr, /*resizable=*/false);

@@ -554,7 +554,7 @@ at::Tensor pinned_host_copy(const at::Tensor& device_tensor) {
                         at::TensorOptions(device_tensor.scalar_type())
                           .device(c10::kCPU)
                           .pinned_memory(true));
-  host.copy_(device_tensor);
+  host.copy_(device_tensor.detach());
   return host;
 }
 

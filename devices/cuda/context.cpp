@@ -99,7 +99,7 @@ at::Tensor cuda_context::to_device(const at::Tensor& host) const {
 at::Tensor cuda_context::to_host(const at::Tensor& tensor) const {
   if (tensor.device().is_cpu())
     return tensor;
-  const auto source = tensor.contiguous();
+  const auto source = tensor.detach().contiguous();
   auto host = at::empty(source.sizes(),
                         source.options().device(c10::kCPU).pinned_memory(true));
   host.copy_(source); // blocking: waits for the chip's stream
