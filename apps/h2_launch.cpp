@@ -20,7 +20,9 @@ using namespace h2;
 int run_in_process(const std::string& job_path, const apps::run_flags& f) {
   auto job = apps::load_job(job_path, f);
   if (job->ditorch.check)
-    if (int rc = apps::check_chip_operators(*job, job->chips(), std::cout);
+    if (int rc =
+          apps::check_chip_operators("h2-launch", *job, job->chips(),
+                                     apps::opcheck_options_of(*job), std::cout);
         rc != apps::exit_ok)
       return rc;
   auto chosen = apps::choose_plan(f, *job);

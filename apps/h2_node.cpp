@@ -147,7 +147,8 @@ int run_node(node_flags& nf) {
       if (n.rank == nf.rank)
         for (const auto& c : n.chips)
           mine.push_back(&c);
-    if (int rc = apps::check_chip_operators(*job, mine, std::cout);
+    if (int rc = apps::check_chip_operators(
+          "h2-node", *job, mine, apps::opcheck_options_of(*job), std::cout);
         rc != apps::exit_ok)
       return rc;
   }

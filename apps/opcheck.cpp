@@ -4,6 +4,7 @@
 #include "h2/devices/device_context.hpp"
 
 #include <cstdio>
+#include <iostream>
 #include <map>
 #include <string>
 
@@ -42,8 +43,9 @@ void print_opcheck_table(std::ostream& out,
   }
 }
 
-int check_chip_operators(const job_config& job,
+int check_chip_operators(const std::string& program, const job_config& job,
                          const std::vector<const chip_spec*>& chips,
+                         const model::opcheck_options& options,
                          std::ostream& out) {
   // One check per kind: the device it computes on, and its dtype.
   std::map<std::string, chip_spec> kinds;
@@ -56,7 +58,6 @@ int check_chip_operators(const job_config& job,
     kinds.emplace(
       c.device + " (" + std::string(to_string(c.compute_dtype)) + ")", c);
   }
-  const auto options = opcheck_options_of(job);
   const int threads = job.train.threads_per_chip;
   const auto reference = devices::make_host_device(dtype::fp32, threads);
   int code = exit_ok;
@@ -80,6 +81,8 @@ int check_chip_operators(const job_config& job,
     out << failed.size() << " of " << model::checked_operators().size()
         << " operators failed: " << list << std::endl;
     print_opcheck_table(out, results, true);
+    std::cerr << program << ": error: " << name << " failed the operator "
+              << "check ([ditorch] check): " << list << std::endl;
     code = exit_check_failed;
   }
   return code;

@@ -314,10 +314,11 @@ std::vector<opcheck_result> check_operators(devices::device_context& device,
   }
   // AdamW: fp32 master weights on every chip.
   const std::int64_t f = g.d_ff, m = g.d_model;
-  const auto g1 = d.normal({f, m}, 1e-3);
-  const std::vector<at::Tensor> state{d.normal({f, m}, 0.02), g1,
-                                      d.normal({f, m}, 1e-3),
-                                      d.normal({f, m}, 1e-3).square()};
+  // Weight, gradient, both moments (drawn in this order: a braced list is
+  // evaluated left to right).
+  const std::vector<at::Tensor> state{
+    d.normal({f, m}, 0.02), d.normal({f, m}, 1e-3), d.normal({f, m}, 1e-3),
+    d.normal({f, m}, 1e-3).square()};
   auto dut = run_adamw(device, state, true, o);
   auto ref = run_adamw(reference, state, false, o);
   for (std::size_t i = 0; i < dut.tensors.size(); ++i) {

@@ -5,8 +5,12 @@
 // one process and on each node.
 #include "launch.hpp"
 
+#include "h2/apps/opcheck.hpp"
+#include "h2/core/job.hpp"
+
 #include <gtest/gtest.h>
 
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -140,6 +144,34 @@ TEST_F(apps_opcheck, each_node_checks_its_own_chips) {
   EXPECT_EQ(count("ditorch check: cpu (fp32) against cpu: 8 operators pass"),
             1)
     << r.out;
+}
+
+TEST(apps_opcheck_before_training, a_failed_operator_is_exit_4_and_named) {
+  const auto job = parse_job(small_job, "small.toml");
+  auto options = apps::opcheck_options_of(job);
+  options.fault = "layer_norm";
+  std::ostringstream out;
+  testing::internal::CaptureStderr();
+  const int rc =
+    apps::check_chip_operators("h2-launch", job, job.chips(), options, out);
+  const std::string err = testing::internal::GetCapturedStderr();
+  EXPECT_EQ(rc, 4);
+  // small_job's chips compute on the host in bf16 and in fp32: both fail.
+  EXPECT_NE(out.str().find("cpu (bf16) against cpu: 1 of 8 operators "
+                           "failed: layer_norm"),
+            std::string::npos)
+    << out.str();
+  EXPECT_NE(out.str().find("cpu (fp32) against cpu: 1 of 8 operators "
+                           "failed: layer_norm"),
+            std::string::npos)
+    << out.str();
+  EXPECT_NE(out.str().find("FAIL"), std::string::npos) << out.str();
+  EXPECT_EQ(out.str().find("gelu "), std::string::npos)
+    << "only failed rows are printed\n"
+    << out.str();
+  EXPECT_NE(err.find("h2-launch: error: cpu (bf16) failed the operator check"),
+            std::string::npos)
+    << err;
 }
 
 } // namespace

@@ -6,6 +6,7 @@
 #include "h2/model/opcheck.hpp"
 
 #include <ostream>
+#include <string>
 #include <vector>
 
 namespace h2::apps {
@@ -22,11 +23,13 @@ void print_opcheck_table(std::ostream& out,
 
 /// `[ditorch] check = true`: checks every operator on each kind of chip of
 /// `chips` (device and dtype; an emulated chip computes on the host CPU)
-/// against the host CPU, printing a line per kind and the failed rows.
-/// Returns exit_ok, or exit_check_failed when an operator failed. Throws
-/// device_error when a chip's device is unavailable.
-int check_chip_operators(const job_config& job,
+/// against the host CPU with `options` (opcheck_options_of(job)), printing a
+/// line per kind and the failed rows to `out`, and a line per failed kind to
+/// stderr as `program`'s error. Returns exit_ok, or exit_check_failed when an
+/// operator failed. Throws device_error when a chip's device is unavailable.
+int check_chip_operators(const std::string& program, const job_config& job,
                          const std::vector<const chip_spec*>& chips,
+                         const model::opcheck_options& options,
                          std::ostream& out);
 
 } // namespace h2::apps
