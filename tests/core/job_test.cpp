@@ -259,6 +259,12 @@ TEST(core_job, runtime_section) {
   EXPECT_EQ(job.runtime.step_timeout_seconds, 2.5);
 }
 
+TEST(core_job, ditorch_section) {
+  EXPECT_FALSE(parse_job(base_job, "<string>").ditorch.check);
+  EXPECT_TRUE(parse_job(base_job + "\n[ditorch]\ncheck = true\n", "<string>")
+                .ditorch.check);
+}
+
 TEST(core_job, cluster_section) {
   EXPECT_EQ(parse_job(base_job, "<string>").cluster.join_timeout_seconds, 300);
   job_config job = parse_job(
@@ -745,6 +751,16 @@ const bad_job bad_jobs[] = {
    {},
    "\n[runtime]\nstep_timeout_seconds = \"long\"\n",
    "runtime.step_timeout_seconds",
+   {}},
+  {"ditorch_check_not_a_bool",
+   {},
+   "\n[ditorch]\ncheck = \"yes\"\n",
+   "ditorch.check",
+   {}},
+  {"ditorch_unknown_key",
+   {},
+   "\n[ditorch]\ncheck = true\natol = 1e-3\n",
+   "ditorch.atol",
    {}},
   {"unknown_runtime_key",
    {},
