@@ -16,6 +16,7 @@
 #include <dlfcn.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 
 namespace h2::devices {
@@ -77,6 +78,16 @@ cuda_context::cuda_context(const chip_spec& spec, chip_clock clock, int threads)
   // transport's copies) do not serialise on the default stream.
   stream_ = std::make_unique<chip_stream>(
     chip_stream{c10::cuda::getStreamFromPool(false, torch_device().index())});
+  // The capacity is enforced as on every chip: libtorch's allocator may
+  // hold no more of the device than it (one chip per GPU and process).
+  std::size_t free_bytes = 0, total_bytes = 0;
+  if (cudaSetDevice(spec.device_index) == cudaSuccess &&
+      cudaMemGetInfo(&free_bytes, &total_bytes) == cudaSuccess &&
+      total_bytes > 0)
+    c10::cuda::CUDACachingAllocator::setMemoryFraction(
+      std::min(1.0, static_cast<double>(memory_ptr()->capacity_bytes()) /
+                      static_cast<double>(total_bytes)),
+      torch_device().index());
 #endif
 }
 
