@@ -105,8 +105,10 @@ int run_node(node_flags& nf) {
                          " processes but the job declares " +
                          std::to_string(nodes.size()) + " [[nodes]]" +
                          (nf.exclude.empty() ? "" : " that are not excluded"));
-  if (std::none_of(nodes.begin(), nodes.end(),
-                   [&](const node_spec& n) { return n.rank == nf.rank; }))
+  const auto this_node =
+    std::find_if(nodes.begin(), nodes.end(),
+                 [&](const node_spec& n) { return n.rank == nf.rank; });
+  if (this_node == nodes.end())
     throw config_error(source, "node rank " + std::to_string(nf.rank) +
                                  " is not one of the job's nodes " +
                                  (nf.exclude.empty()
@@ -143,10 +145,8 @@ int run_node(node_flags& nf) {
     // This node's chips, before it joins: a failure leaves the job without
     // it (the coordinator names the rank that never joined).
     std::vector<const chip_spec*> mine;
-    for (const auto& n : nodes)
-      if (n.rank == nf.rank)
-        for (const auto& c : n.chips)
-          mine.push_back(&c);
+    for (const auto& c : this_node->chips)
+      mine.push_back(&c);
     if (int rc = apps::check_chip_operators(
           "h2-node", *job, mine, apps::opcheck_options_of(*job), std::cout);
         rc != apps::exit_ok)

@@ -101,16 +101,12 @@ int run(const options& o) {
   const auto results = model::check_operators(*device, *reference, options);
   apps::print_opcheck_table(std::cout, results, false);
   const auto failed = model::failed_operators(results);
-  const auto total = model::checked_operators().size();
   if (failed.empty()) {
-    std::cout << "h2-opcheck: all " << total << " operators pass" << std::endl;
+    std::cout << "h2-opcheck: all " << model::checked_operators().size()
+              << " operators pass" << std::endl;
     return apps::exit_ok;
   }
-  std::string list;
-  for (const auto& op : failed)
-    list += (list.empty() ? "" : ", ") + op;
-  std::cout << "h2-opcheck: " << failed.size() << " of " << total
-            << " operators failed: " << list << std::endl;
+  std::cout << "h2-opcheck: " << apps::failure_summary(failed) << std::endl;
   return apps::exit_check_failed;
 }
 

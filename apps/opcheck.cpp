@@ -10,6 +10,24 @@
 
 namespace h2::apps {
 
+namespace {
+
+/// "gelu, linear".
+std::string comma_list(const std::vector<std::string>& names) {
+  std::string out;
+  for (const auto& n : names)
+    out += (out.empty() ? "" : ", ") + n;
+  return out;
+}
+
+} // namespace
+
+std::string failure_summary(const std::vector<std::string>& failed) {
+  return std::to_string(failed.size()) + " of " +
+         std::to_string(model::checked_operators().size()) +
+         " operators failed: " + comma_list(failed);
+}
+
 model::opcheck_options opcheck_options_of(const job_config& job) {
   model::opcheck_options o;
   o.shapes = job.model;
@@ -75,14 +93,10 @@ int check_chip_operators(const std::string& program, const job_config& job,
           << std::endl;
       continue;
     }
-    std::string list;
-    for (const auto& op : failed)
-      list += (list.empty() ? "" : ", ") + op;
-    out << failed.size() << " of " << model::checked_operators().size()
-        << " operators failed: " << list << std::endl;
+    out << failure_summary(failed) << std::endl;
     print_opcheck_table(out, results, true);
     std::cerr << program << ": error: " << name << " failed the operator "
-              << "check ([ditorch] check): " << list << std::endl;
+              << "check ([ditorch] check): " << comma_list(failed) << std::endl;
     code = exit_check_failed;
   }
   return code;

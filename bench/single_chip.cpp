@@ -6,6 +6,7 @@
 
 #include "h2/actors/local_job.hpp"
 #include "h2/core/job.hpp"
+#include "h2/devices/device_context.hpp"
 #include "h2/devices/memory.hpp"
 #include "h2/model/trainer.hpp"
 #include "h2/scheduler/plan_builder.hpp"
@@ -80,12 +81,7 @@ int main(int argc, char** argv) {
   if (chip.empty())
     chip = "cpu";
   auto job = std::make_shared<job_config>(parse_job(job_toml(chip), "single"));
-  const chip_spec& spec = *job->chips().front();
-  const c10::Device device =
-    spec.backend == device_backend::cpu
-      ? c10::Device(c10::kCPU)
-      : c10::Device(c10::kCUDA,
-                    static_cast<c10::DeviceIndex>(spec.device_index));
+  const c10::Device device = devices::torch_device_of(*job->chips().front());
   const int steps = 15;
   // Alternate to spread the machine's noise over all three.
   std::vector<double> bare, accounted, h2;

@@ -764,6 +764,11 @@ job_config parse_job(std::string_view toml_text, const std::string& origin) {
   return job;
 }
 
+bool is_gpu(const chip_spec& chip) noexcept {
+  return chip.backend == device_backend::cuda ||
+         chip.backend == device_backend::hip;
+}
+
 chip_spec chip_of_device(const std::string& device, const std::string& where,
                          const catalog& profiles) {
   chip_spec c;

@@ -133,6 +133,12 @@ double device_context::complete_op(double wall_start,
                                            : seconds;
 }
 
+c10::Device torch_device_of(const chip_spec& chip) {
+  if (!is_gpu(chip))
+    return c10::kCPU;
+  return {c10::kCUDA, static_cast<c10::DeviceIndex>(chip.device_index)};
+}
+
 std::unique_ptr<device_context> make_device(const chip_spec& spec,
                                             const emulation_config& emulation,
                                             chip_clock clock, int threads) {
@@ -163,11 +169,8 @@ std::unique_ptr<device_context> make_device(const chip_spec& spec,
 }
 
 std::unique_ptr<device_context> make_host_device(dtype compute, int threads) {
-  chip_spec host;
-  host.device = "cpu";
-  host.backend = device_backend::cpu;
+  chip_spec host = chip_of_device("cpu", "", catalog::builtin());
   host.compute_dtype = compute;
-  host.profile = host_cpu_profile();
   return std::make_unique<cpu_context>(
     host, chip_clock(clock_mode::virtual_clock, chip_clock::wall_clock::now()),
     threads);

@@ -24,8 +24,7 @@ double profiled_measurements::optimizer(const chip_spec& chip,
 
 std::optional<double>
 profiled_measurements::capacity_bytes(const chip_spec& chip) {
-  if (chip.backend != device_backend::cuda &&
-      chip.backend != device_backend::hip)
+  if (!is_gpu(chip))
     return std::nullopt;
   return static_cast<double>(profiler_->capacity_bytes(chip));
 }

@@ -37,11 +37,7 @@ transport::channel_limits channel_limits_of(const job_config& job,
 
 std::string device_path(const chip_spec& a, const chip_spec& b,
                         std::string_view backend) {
-  auto gpu = [](const chip_spec& c) {
-    return c.backend == device_backend::cuda ||
-           c.backend == device_backend::hip;
-  };
-  if (!gpu(a) && !gpu(b))
+  if (!is_gpu(a) && !is_gpu(b))
     return "";
   if (backend == "inproc")
     return "device tensors handed over, copied onto the receiver's device";

@@ -166,19 +166,9 @@ double cost_model::capacity_bytes(const chip_spec& chip) const {
   if (chip.backend == device_backend::emulated)
     return std::floor(static_cast<double>(chip.profile.memory_bytes) *
                       job_->emulation.memory_scale);
-  if (chip.backend == device_backend::cuda ||
-      chip.backend == device_backend::hip) {
-    auto it = capacities_.find(chip.device);
-    if (it == capacities_.end()) {
-      auto measured = cache_.source().capacity_bytes(chip);
-      it = capacities_
-             .emplace(chip.device, measured
-                                     ? *measured
-                                     : std::numeric_limits<double>::infinity())
-             .first;
-    }
-    return it->second;
-  }
+  if (is_gpu(chip))
+    return cache_.capacity_bytes(chip).value_or(
+      std::numeric_limits<double>::infinity());
   if (chip.profile.memory_bytes > 0)
     return static_cast<double>(chip.profile.memory_bytes);
   return std::numeric_limits<double>::infinity();

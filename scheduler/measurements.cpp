@@ -45,4 +45,11 @@ double measurement_cache::optimizer(const chip_spec& chip, layer_kind kind) {
   return s;
 }
 
+std::optional<double> measurement_cache::capacity_bytes(const chip_spec& chip) {
+  auto it = capacities_.find(chip.device);
+  if (it == capacities_.end())
+    it = capacities_.emplace(chip.device, source_->capacity_bytes(chip)).first;
+  return it->second;
+}
+
 } // namespace h2::scheduler

@@ -94,8 +94,7 @@ cuda_context::cuda_context(const chip_spec& spec, chip_clock clock, int threads)
 cuda_context::~cuda_context() = default;
 
 c10::Device cuda_context::torch_device() const {
-  return c10::Device(c10::kCUDA,
-                     static_cast<c10::DeviceIndex>(spec().device_index));
+  return torch_device_of(spec());
 }
 
 at::Tensor cuda_context::to_device(const at::Tensor& host) const {

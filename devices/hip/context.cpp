@@ -40,9 +40,7 @@ hip_context::hip_context(const chip_spec& spec, chip_clock clock, int threads)
 }
 
 c10::Device hip_context::torch_device() const {
-  // ROCm builds of libtorch name HIP devices "cuda".
-  return c10::Device(c10::kCUDA,
-                     static_cast<c10::DeviceIndex>(spec().device_index));
+  return torch_device_of(spec());
 }
 
 void hip_context::synchronize() const {

@@ -15,6 +15,9 @@ namespace h2::apps {
 /// micro-batch, its seed and its AdamW hyper-parameters.
 model::opcheck_options opcheck_options_of(const job_config& job);
 
+/// "2 of 8 operators failed: gelu, linear" for the operators `failed`.
+std::string failure_summary(const std::vector<std::string>& failed);
+
 /// `results` as a table, one row per compared tensor (only the failed ones
 /// when `failures_only`).
 void print_opcheck_table(std::ostream& out,

@@ -51,6 +51,10 @@ struct chip_spec {
 chip_spec chip_of_device(const std::string& device, const std::string& where,
                          const catalog& profiles);
 
+/// Whether `chip` is a GPU (cuda, hip): a real accelerator whose memory and
+/// speed are measured on the device.
+bool is_gpu(const chip_spec& chip) noexcept;
+
 /// One h2-node process and its chips.
 struct node_spec {
   int rank = 0;

@@ -173,6 +173,11 @@ private:
   int threads_;
 };
 
+/// Where the tensors of a chip like `chip` live: cpu for cpu and emulated
+/// chips, cuda:<n> for cuda and hip chips (ROCm builds of libtorch name HIP
+/// devices "cuda").
+c10::Device torch_device_of(const chip_spec& chip);
+
 /// Creates the device context a chip spec asks for, keeping time with
 /// `clock`. Throws device_error(unavailable) when its backend was not built
 /// or its device does not exist here.

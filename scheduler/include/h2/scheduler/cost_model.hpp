@@ -166,9 +166,8 @@ public:
 
 private:
   const job_config* job_;
-  measurement_cache cache_;
-  /// Real chips' capacities by device, asked once.
-  mutable std::map<std::string, double> capacities_;
+  /// Mutable: capacity_bytes() is a query that may measure (once).
+  mutable measurement_cache cache_;
   std::map<std::pair<std::string, int>, stage_coefficients> coefficients_;
 };
 

@@ -87,6 +87,8 @@ public:
   layer_timing layer(const chip_spec& chip, layer_kind kind,
                      int micro_batch_size);
   double optimizer(const chip_spec& chip, layer_kind kind);
+  /// The source's capacity_bytes(chip), asked once per device.
+  std::optional<double> capacity_bytes(const chip_spec& chip);
 
   /// What answers the cache's misses.
   chip_measurements& source() const noexcept { return *source_; }
@@ -100,6 +102,7 @@ private:
   chip_measurements* source_;
   std::map<std::tuple<std::string, layer_kind, int>, layer_timing> layers_;
   std::map<std::pair<std::string, layer_kind>, double> optimizers_;
+  std::map<std::string, std::optional<double>> capacities_; ///< by device
 };
 
 } // namespace h2::scheduler
