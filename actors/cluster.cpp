@@ -191,11 +191,14 @@ node_outcome cluster_node::run() {
   nctx.secret = options_.secret;
   nctx.log = options_.log;
   nctx.observer = leads ? nullptr : options_.observer;
-  auto node = spawn_node_actor(system, nctx);
 
-  // Join: prove the secret against a fresh nonce. The coordinator's own
-  // errors say why it refused; any other (no answer, its process gone) is
-  // a coordinator this node cannot reach.
+  // Join: prove the secret against a fresh nonce, then attach the node
+  // actor under this node's seal. The coordinator's own errors say why it
+  // refused; any other (no answer, its process gone) is a coordinator this
+  // node cannot reach. The node actor exists only once the proof is
+  // accepted: a detached actor spawned and killed at once on a refusal
+  // now and then hung CAF 0.17's actor system teardown (its detached
+  // thread waited for an actor nothing released).
   std::optional<failure> refused;
   auto join_failed = [&](const caf::error& e) {
     refused = to_failure(e);
@@ -222,13 +225,23 @@ node_outcome cluster_node::run() {
     char host[256] = {};
     ::gethostname(host, sizeof(host) - 1);
     j.hostname = host;
+    self->request(coordinator, std::chrono::seconds(30), join_atom::value, j)
+      .receive([](bool) {}, [&](caf::error& e) { join_failed(e); });
+  }
+  // Seals what this node tells the coordinator: its attach, heartbeats and
+  // stop request, numbered by one signer.
+  transport::control_signer signer(options_.secret, options_.rank);
+  caf::actor node;
+  if (!refused) {
+    node = spawn_node_actor(system, nctx);
     self
-      ->request(coordinator, std::chrono::seconds(30), join_atom::value, j,
-                node)
+      ->request(coordinator, std::chrono::seconds(30), attach_atom::value,
+                signer.seal(node_attach, ""), node)
       .receive([](bool) {}, [&](caf::error& e) { join_failed(e); });
   }
   if (refused) {
-    self->send_exit(node, caf::exit_reason::user_shutdown);
+    if (node)
+      self->send_exit(node, caf::exit_reason::user_shutdown);
     if (leads)
       self->send_exit(coordinator, caf::exit_reason::user_shutdown);
     shared_->close_all();
@@ -251,7 +264,6 @@ node_outcome cluster_node::run() {
   std::thread heart([&] {
     bool stop_sent = false;
     caf::scoped_actor beat{system};
-    transport::control_signer signer(options_.secret, options_.rank);
     while (beating.load()) {
       beat->send(coordinator, heartbeat_atom::value,
                  signer.seal(node_heartbeat, ""));

@@ -82,6 +82,10 @@ struct coordinator_state {
     std::chrono::steady_clock::time_point expires;
   };
   std::map<std::string, pending_join> nonces;
+  /// Nodes that proved the secret and have yet to attach their node actor,
+  /// by rank.
+  std::map<int, node_join> proven;
+  /// Nodes that joined: proved the secret and attached their node actor.
   std::map<int, member> members;
   /// Every node must have joined by then (options.join_timeout after the
   /// coordinator started).
@@ -335,7 +339,7 @@ coordinator_actor(coordinator_self self, node_options options,
                           "node rank " + std::to_string(rank) +
                             " is not one of the job's " +
                             std::to_string(nodes.size()) + " nodes");
-      if (st.members.count(rank) != 0)
+      if (st.members.count(rank) != 0 || st.proven.count(rank) != 0)
         return make_error(errc::bad_config,
                           "node " + std::to_string(rank) + " joined twice");
       // Nonces expire, and each process may hold only a few: a flood of
@@ -359,8 +363,10 @@ coordinator_actor(coordinator_self self, node_options options,
       st.nonces[nonce] = {rank, from, now + join_nonce_lifetime};
       return nonce;
     },
-    [self](join_atom, const node_join& j,
-           const caf::actor& node) -> caf::result<bool> {
+    // The join proves the secret; only then does the node spawn its node
+    // actor and attach it under its seal, so a refused node never hands
+    // out an actor of its own.
+    [self](join_atom, const node_join& j) -> caf::result<bool> {
       auto& st = self->state;
       auto nonce = st.nonces.find(j.nonce);
       if (nonce == st.nonces.end() || nonce->second.rank != j.rank ||
@@ -376,16 +382,38 @@ coordinator_actor(coordinator_self self, node_options options,
         return make_error(errc::bad_config, "node " + std::to_string(j.rank) +
                                               " (" + j.hostname +
                                               ") runs another job file");
-      if (st.ended || st.members.count(j.rank) != 0)
+      if (st.ended || st.members.count(j.rank) != 0 ||
+          st.proven.count(j.rank) != 0)
         return make_error(errc::bad_config,
                           "node " + std::to_string(j.rank) + " cannot join");
+      st.proven[j.rank] = j;
+      return true;
+    },
+    [self](attach_atom, const transport::control_seal& seal,
+           const caf::actor& node) -> caf::result<bool> {
+      auto& st = self->state;
+      auto proven = st.proven.find(seal.sender);
+      if (proven == st.proven.end() || !node ||
+          !st.verifier->accept(node_attach, seal, "")) {
+        st.drops.dropped(st.options.log,
+                         "a node attach without a join or a valid seal");
+        return make_error(errc::unauthorized,
+                          "node " + std::to_string(seal.sender) +
+                            ": an attach without a join or a valid seal");
+      }
+      const int rank = seal.sender;
+      if (st.ended)
+        return make_error(errc::bad_config,
+                          "node " + std::to_string(rank) + " cannot join");
       self->monitor(node);
-      st.members[j.rank] = {node, j, std::chrono::steady_clock::now()};
+      const node_join& j = proven->second;
       if (st.options.log)
-        st.options.log("node " + std::to_string(j.rank) + " joined (" +
+        st.options.log("node " + std::to_string(rank) + " joined (" +
                        j.hostname + ", pid " + std::to_string(j.pid) +
-                       "): " + std::to_string(st.members.size()) + " of " +
+                       "): " + std::to_string(st.members.size() + 1) + " of " +
                        std::to_string(st.options.world_size) + " nodes");
+      st.members[rank] = {node, j, std::chrono::steady_clock::now()};
+      st.proven.erase(proven);
       if (static_cast<int>(st.members.size()) == st.options.world_size)
         start_job(self);
       return true;

@@ -22,9 +22,9 @@ using namespace h2::actors;
 /// The types a peer may send sealed or proven (docs/transport.md, "Control
 /// messages"), as the first byte of an input names them.
 enum class message : std::uint8_t {
-  join = 0,       ///< (join_atom, node_join, actor): coordinator
+  join = 0,       ///< (join_atom, node_join): coordinator
   assignment = 1, ///< (assign_atom, node_assignment): node
-  seal = 2,       ///< heartbeats, stop, finish: (atom, control_seal)
+  seal = 2,       ///< attach, heartbeats, stop, finish: (atom, control_seal)
   abort = 3,      ///< (abort_atom, uint8 code, why, control_seal): node
 };
 constexpr int message_types = 4;
@@ -75,8 +75,8 @@ void check_bare_seal(const std::uint8_t* data, std::size_t size) {
   transport::control_seal seal;
   if (!deserialise(data, size, seal))
     return;
-  for (auto type :
-       {node_heartbeat, stop_request, coordinator_heartbeat, finish_order})
+  for (auto type : {node_attach, node_heartbeat, stop_request,
+                    coordinator_heartbeat, finish_order})
     check_seal(type, seal, "");
 }
 

@@ -15,6 +15,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <mutex>
 #include <optional>
 
@@ -47,6 +48,25 @@ protected:
     actors::configure_actor_system(cfg);
     actors::register_cluster_types(cfg);
     return cfg;
+  }
+
+  /// Joins `coordinator` as node `rank` (hostname "host-<rank>"): its
+  /// hello, then the proof of the secret for the nonce.
+  void prove_secret(caf::scoped_actor& node, const caf::actor& coordinator,
+                    int rank) {
+    std::string nonce;
+    node->request(coordinator, 10s, actors::hello_atom::value, rank)
+      .receive([&](std::string& n) { nonce = std::move(n); },
+               [](const caf::error& e) { ADD_FAILURE() << to_string(e); });
+    actors::node_join j;
+    j.rank = rank;
+    j.nonce = nonce;
+    j.proof = transport::join_proof(*secret_, nonce, rank);
+    j.job_digest = options_.job_digest;
+    j.hostname = "host-" + std::to_string(rank);
+    node->request(coordinator, 10s, actors::join_atom::value, j)
+      .receive([](bool) {},
+               [](const caf::error& e) { ADD_FAILURE() << to_string(e); });
   }
 
   /// What the coordinator logged once it handled everything `from` sent
@@ -124,9 +144,7 @@ TEST_F(actors_control, a_join_must_answer_a_nonce_handed_to_its_rank) {
     j.proof = transport::join_proof(*secret_, nonce, proof_rank);
     j.job_digest = options_.job_digest;
     std::optional<actors::failure> refused;
-    node
-      ->request(coordinator_, 10s, actors::join_atom::value, j,
-                caf::actor{node})
+    node->request(coordinator_, 10s, actors::join_atom::value, j)
       .receive([](bool) {},
                [&](const caf::error& e) { refused = actors::to_failure(e); });
     return refused;
@@ -146,6 +164,59 @@ TEST_F(actors_control, a_join_must_answer_a_nonce_handed_to_its_rank) {
   EXPECT_EQ(refused->code, actors::errc::unauthorized);
 }
 
+// A node attaches its node actor only after its join proved the secret,
+// and only under its seal: an attach without a join, under another
+// secret, or replayed is refused and logged; the real one joins the node.
+TEST_F(actors_control, a_node_actor_attaches_only_after_a_join_and_sealed) {
+  caf::scoped_actor node{system_};
+  transport::control_signer signer(secret_, 1);
+  auto attach = [&](const transport::control_seal& seal) {
+    std::optional<actors::failure> refused;
+    node
+      ->request(coordinator_, 10s, actors::attach_atom::value, seal,
+                caf::actor{node})
+      .receive([](bool) {},
+               [&](const caf::error& e) { refused = actors::to_failure(e); });
+    return refused;
+  };
+  auto refused = attach(signer.seal(actors::node_attach, ""));
+  ASSERT_TRUE(refused.has_value());
+  EXPECT_EQ(refused->code, actors::errc::unauthorized);
+
+  prove_secret(node, coordinator_, 1);
+  // Proven, not yet attached: no second join of rank 1.
+  node->request(coordinator_, 10s, actors::hello_atom::value, 1)
+    .receive([](const std::string&) { ADD_FAILURE() << "a second hello"; },
+             [](const caf::error& e) {
+               EXPECT_EQ(actors::to_failure(e).message, "node 1 joined twice");
+             });
+
+  transport::control_signer forger(
+    std::make_shared<const transport::job_secret>("another secret"), 1);
+  refused = attach(forger.seal(actors::node_attach, ""));
+  ASSERT_TRUE(refused.has_value());
+  EXPECT_EQ(refused->code, actors::errc::unauthorized);
+  const auto sealed = signer.seal(actors::node_attach, "");
+  EXPECT_FALSE(attach(sealed).has_value());
+  refused = attach(sealed);
+  ASSERT_TRUE(refused.has_value());
+  EXPECT_EQ(refused->code, actors::errc::unauthorized);
+
+  auto log = log_after(node);
+  EXPECT_EQ(std::count_if(log.begin(), log.end(),
+                          [](const std::string& line) {
+                            return line.find("node 1 joined (host-1") == 0;
+                          }),
+            1);
+  EXPECT_EQ(std::count_if(log.begin(), log.end(),
+                          [](const std::string& line) {
+                            return line.find("a node attach without a join or "
+                                             "a valid seal") !=
+                                   std::string::npos;
+                          }),
+            2); // the drop log writes the 1st, 2nd, 4th... drop
+}
+
 // Issue 13, item 6: the coordinator waits for the nodes that did not join
 // only options.join_timeout, then ends the job naming them and aborts the
 // ones that joined.
@@ -155,16 +226,11 @@ TEST_F(actors_control, ranks_that_never_join_are_named_and_the_others_aborted) {
   options.join_timeout = 200ms;
   auto coordinator =
     actors::spawn_coordinator(system_, options, caf::actor{waiter}, nullptr);
-  std::string nonce;
-  node->request(coordinator, 10s, actors::hello_atom::value, 1)
-    .receive([&](std::string& n) { nonce = std::move(n); },
-             [](const caf::error& e) { ADD_FAILURE() << to_string(e); });
-  actors::node_join j;
-  j.rank = 1;
-  j.nonce = nonce;
-  j.proof = transport::join_proof(*secret_, nonce, 1);
-  j.job_digest = options.job_digest;
-  node->request(coordinator, 10s, actors::join_atom::value, j, caf::actor{node})
+  prove_secret(node, coordinator, 1);
+  transport::control_signer signer(secret_, 1);
+  node
+    ->request(coordinator, 10s, actors::attach_atom::value,
+              signer.seal(actors::node_attach, ""), caf::actor{node})
     .receive([](bool) {},
              [](const caf::error& e) { ADD_FAILURE() << to_string(e); });
   std::optional<actors::failure> ended;

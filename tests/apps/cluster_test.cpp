@@ -3,6 +3,7 @@
 // two network namespaces as two hosts. Every node is a real process; the
 // failure tests kill or stop one with real signals.
 #include "launch.hpp"
+#include "process_status.hpp"
 #include "test_jobs.hpp"
 
 #include "h2/core/plan.hpp"
@@ -14,7 +15,6 @@
 #include <cstddef>
 #include <cstdlib>
 #include <cstring>
-#include <fstream>
 #include <iostream>
 #include <netinet/in.h>
 #include <regex>
@@ -141,16 +141,6 @@ TEST_F(apps_cluster,
       << nodes << " node(s):\n"
       << r.err;
   }
-}
-
-/// Threads of process `pid` now (/proc/<pid>/status; -1 once it is gone).
-int threads_of(pid_t pid) {
-  std::ifstream in("/proc/" + std::to_string(pid) + "/status");
-  std::string line;
-  while (std::getline(in, line))
-    if (line.rfind("Threads:", 0) == 0)
-      return std::stoi(line.substr(8));
-  return -1;
 }
 
 /// A connected socket to `addr` (sockaddr_in or abstract sockaddr_un), -1

@@ -4,6 +4,7 @@
 // silent one cut off for a newcomer, a peer of another user refused by the
 // shm listener before anything else; and the throttled report of it all.
 #include "pairs.hpp"
+#include "process_status.hpp"
 
 #include "h2/transport/report.hpp"
 
@@ -11,7 +12,6 @@
 
 #include <atomic>
 #include <cstring>
-#include <fstream>
 #include <netinet/in.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
@@ -25,16 +25,6 @@ namespace h2::transport {
 namespace {
 
 using namespace std::chrono_literals;
-
-/// Threads of this process now (/proc/self/status).
-int thread_count() {
-  std::ifstream in("/proc/self/status");
-  std::string line;
-  while (std::getline(in, line))
-    if (line.rfind("Threads:", 0) == 0)
-      return std::stoi(line.substr(8));
-  return -1;
-}
 
 /// A connected socket to `e`'s listener of `backend`, or -1.
 int open_silent(const endpoint& e, const std::string& backend) {
@@ -102,13 +92,13 @@ TEST_P(transport_flood, listener_survives_a_flood_of_silent_connections) {
   endpoint b(options(1));
   // Training goes on over a channel connected before the flood.
   auto [from, to] = test::connect(a, b, GetParam(), 7);
-  const int before = thread_count();
+  const int before = h2::test::threads_of(::getpid());
 
   std::atomic<bool> flooding{true};
   std::atomic<int> most_threads{before};
   std::thread watcher([&] {
     while (flooding.load()) {
-      int n = thread_count();
+      int n = h2::test::threads_of(::getpid());
       int seen = most_threads.load();
       while (n > seen && !most_threads.compare_exchange_weak(seen, n)) {
       }

@@ -26,6 +26,7 @@ using admin_poll_atom = caf::atom_constant<caf::atom("admin_poll")>;
 using hello_atom = caf::atom_constant<caf::atom("hello")>;
 using join_atom = caf::atom_constant<caf::atom("join")>;
 using joined_atom = caf::atom_constant<caf::atom("joined")>;
+using attach_atom = caf::atom_constant<caf::atom("attach")>;
 using assign_atom = caf::atom_constant<caf::atom("assign")>;
 using finish_atom = caf::atom_constant<caf::atom("finish")>;
 using abort_atom = caf::atom_constant<caf::atom("abort")>;
