@@ -82,6 +82,8 @@ void cluster_node::abort() noexcept {
 node_outcome cluster_node::run() {
   const job_config& job = *options_.job;
   H2_ENFORCE(options_.secret != nullptr, "a node needs the job's secret");
+  H2_ENFORCE(!options_.withdraw || options_.rank != options_.coordinator_rank,
+             "the coordinator's node cannot withdraw from its own job");
   caf::actor_system_config cfg;
   configure_actor_system(cfg);
   register_cluster_types(cfg);
@@ -232,6 +234,15 @@ node_outcome cluster_node::run() {
   // stop request, numbered by one signer.
   transport::control_signer signer(options_.secret, options_.rank);
   caf::actor node;
+  if (!refused && options_.withdraw) {
+    const std::string& why = *options_.withdraw;
+    self
+      ->request(coordinator, std::chrono::seconds(30), withdraw_atom::value,
+                why, signer.seal(node_withdraw, why))
+      .receive([](bool) {}, [&](caf::error& e) { join_failed(e); });
+    if (!refused)
+      refused = failure{errc::failed, why};
+  }
   if (!refused) {
     node = spawn_node_actor(system, nctx);
     self

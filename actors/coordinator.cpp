@@ -418,6 +418,27 @@ coordinator_actor(coordinator_self self, node_options options,
         start_job(self);
       return true;
     },
+    // A node that proved the secret but cannot train (its [ditorch] check
+    // failed) says why instead of attaching: the job ends naming it.
+    [self](withdraw_atom, const std::string& why,
+           const transport::control_seal& seal) -> caf::result<bool> {
+      auto& st = self->state;
+      const int rank = seal.sender;
+      if (st.proven.count(rank) == 0 ||
+          !st.verifier->accept(node_withdraw, seal, why)) {
+        st.drops.dropped(st.options.log,
+                         "a node withdrawal without a join or a valid seal");
+        return make_error(errc::unauthorized,
+                          "node " + std::to_string(rank) +
+                            ": a withdrawal without a join or a valid seal");
+      }
+      st.proven.erase(rank);
+      fail_job(self, errc::peer_lost,
+               "node " + std::to_string(rank) + " (" +
+                 chips_of(*st.options.job, rank) +
+                 ") withdrew before training: " + why.substr(0, 512));
+      return true;
+    },
     [self](heartbeat_atom, const transport::control_seal& seal) {
       auto& st = self->state;
       if (!st.verifier->accept(node_heartbeat, seal, "")) {

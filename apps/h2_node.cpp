@@ -33,6 +33,7 @@ struct node_flags {
   std::string secret_file;
   std::vector<int> exclude;
   int restarts = 0;
+  std::string test_fault; ///< --test-fault: tests of the [ditorch] check
   apps::run_flags run;
 };
 
@@ -141,19 +142,25 @@ int run_node(node_flags& nf) {
     throw config_error("security.secret_file",
                        "missing: nodes prove the job's secret to each other; "
                        "set it in the job file or pass --secret-file");
+  actors::node_options o;
   if (job->ditorch.check) {
-    // This node's chips, before it joins: a failure leaves the job without
-    // it (the coordinator names the rank that never joined).
+    // This node's chips, before it joins. On a failure the coordinator's
+    // node exits here; another node joins only to tell the coordinator,
+    // which ends the job naming it.
     std::vector<const chip_spec*> mine;
     for (const auto& c : this_node->chips)
       mine.push_back(&c);
-    if (int rc = apps::check_chip_operators(
-          "h2-node", *job, mine, apps::opcheck_options_of(*job), std::cout);
-        rc != apps::exit_ok)
-      return rc;
+    auto options = apps::opcheck_options_of(*job);
+    options.fault = nf.test_fault;
+    if (int rc =
+          apps::check_chip_operators("h2-node", *job, mine, options, std::cout);
+        rc != apps::exit_ok) {
+      if (nf.rank == lead)
+        return rc;
+      o.withdraw = "its chips failed the operator check ([ditorch] check)";
+    }
   }
 
-  actors::node_options o;
   o.job = job;
   o.job_digest = transport::job_digest(
     apps::job_identity(apps::job_text(nf.job_path), nf.exclude));
@@ -229,6 +236,11 @@ int run_node(node_flags& nf) {
   try {
     outcome = node.run();
   } catch (const actors::run_error& e) {
+    if (o.withdraw) { // the check printed why; and the join, if it failed
+      if (e.what() != *o.withdraw)
+        std::cerr << "h2-node: " << e.what() << std::endl;
+      return apps::exit_check_failed;
+    }
     if (signals.stop_flag()->load() >= 2) {
       std::cerr << "h2-node " << nf.rank << ": aborted by signal "
                 << signals.signal() << std::endl;
@@ -287,6 +299,11 @@ int main(int argc, char** argv) {
                 "as h2_restarts_total)")
     ->check(CLI::Range(0, 1 << 20));
   apps::add_run_flags(cli, nf.run);
+  cli
+    .add_option("--test-fault", nf.test_fault,
+                "Test only: OP computes wrongly (x 1.05) in the [ditorch] "
+                "check")
+    ->group(""); // hidden: not for users
   return apps::parse_and_run(cli, argc, argv, "h2-node",
                              [&] { return run_node(nf); });
 }

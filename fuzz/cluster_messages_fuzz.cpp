@@ -26,8 +26,9 @@ enum class message : std::uint8_t {
   assignment = 1, ///< (assign_atom, node_assignment): node
   seal = 2,       ///< attach, heartbeats, stop, finish: (atom, control_seal)
   abort = 3,      ///< (abort_atom, uint8 code, why, control_seal): node
+  withdraw = 4,   ///< (withdraw_atom, why, control_seal): coordinator
 };
-constexpr int message_types = 4;
+constexpr int message_types = 5;
 
 std::shared_ptr<const transport::job_secret> secret() {
   static auto s =
@@ -89,6 +90,14 @@ void check_abort(const std::uint8_t* data, std::size_t size) {
   check_seal(abort_order, seal, abort_payload(code, why));
 }
 
+void check_withdraw(const std::uint8_t* data, std::size_t size) {
+  std::string why;
+  transport::control_seal seal;
+  if (!deserialise(data, size, why, seal))
+    return;
+  check_seal(node_withdraw, seal, why);
+}
+
 } // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data,
@@ -110,6 +119,9 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data,
         break;
       case message::abort:
         check_abort(body, body_size);
+        break;
+      case message::withdraw:
+        check_withdraw(body, body_size);
         break;
     }
   });

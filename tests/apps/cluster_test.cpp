@@ -118,6 +118,11 @@ protected:
       dir_ / "out0.txt", dir_ / "err0.txt");
   }
 
+  /// The job's secret, written privately into the test's directory.
+  std::filesystem::path write_secret() {
+    return dir_.write_private("secret", "0123456789abcdef0123456789abcdef");
+  }
+
   scratch_dir dir_;
 };
 
@@ -395,8 +400,7 @@ TEST_F(apps_cluster, every_node_serves_metrics_listed_in_file_sd) {
 
 TEST_F(apps_cluster, nodes_take_rank_and_coordinator_from_the_environment) {
   auto job = dir_.write("job.toml", small_job);
-  auto secret =
-    dir_.write_private("secret", "0123456789abcdef0123456789abcdef");
+  auto secret = write_secret();
   child_process rank0(node_binary,
                       {"--job", job.string(), "--node-rank", "0",
                        "--world-size", "2", "--coordinator", "127.0.0.1:0",
@@ -422,8 +426,7 @@ TEST_F(apps_cluster, nodes_take_rank_and_coordinator_from_the_environment) {
 
 TEST_F(apps_cluster, a_node_without_the_secret_is_refused) {
   auto job = dir_.write("job.toml", small_job);
-  auto secret =
-    dir_.write_private("secret", "0123456789abcdef0123456789abcdef");
+  auto secret = write_secret();
   auto wrong = dir_.write_private("wrong", "fedcba9876543210fedcba9876543210");
   auto started = start_rank0(job, secret);
   auto& rank0 = *started;
@@ -441,6 +444,40 @@ TEST_F(apps_cluster, a_node_without_the_secret_is_refused) {
     << r.err;
   // The coordinator still waits for a real node 1; nothing reached node 1.
   EXPECT_TRUE(rank0.running());
+  EXPECT_TRUE(step_lines(rank0.out()).empty());
+}
+
+// [ditorch] check = true over two processes (docs/ditorch.md): node 1's
+// chips fail the check (a test-only wrong layer_norm), so node 1 exits 4
+// after telling the coordinator, which ends the job naming it at once
+// rather than waiting for it to join.
+TEST_F(apps_cluster, a_node_that_fails_its_operator_check_withdraws) {
+  auto job = dir_.write("job.toml", small_job + "\n[ditorch]\ncheck = true\n");
+  auto secret = write_secret();
+  auto started = start_rank0(job, secret);
+  auto& rank0 = *started;
+  const std::string coordinator = coordinator_of(rank0);
+  ASSERT_FALSE(coordinator.empty()) << rank0.err();
+  auto r =
+    run_to_end(node_binary,
+               {"--job", job.string(), "--node-rank", "1", "--world-size", "2",
+                "--coordinator", coordinator, "--secret-file", secret.string(),
+                "--no-metrics", "--test-fault", "layer_norm"},
+               dir_, run_timeout);
+  EXPECT_TRUE(r.status.exited && r.status.code == 4)
+    << r.status.describe() << "\n"
+    << r.err;
+  EXPECT_NE(r.out.find("1 of 8 operators failed: layer_norm"),
+            std::string::npos)
+    << r.out;
+  auto s0 = rank0.wait(run_timeout);
+  EXPECT_TRUE(s0.exited && s0.code == 3) << s0.describe() << "\n"
+                                         << rank0.err();
+  EXPECT_NE(rank0.err().find("node 1 (chips 1:0, 1:1) withdrew before "
+                             "training: its chips failed the operator check "
+                             "([ditorch] check)"),
+            std::string::npos)
+    << rank0.err();
   EXPECT_TRUE(step_lines(rank0.out()).empty());
 }
 
@@ -479,8 +516,7 @@ TEST_F(apps_cluster, nodes_talk_tls_and_refuse_certificates_of_another_ca) {
     dir_.write("job.toml", small_job + "\n[security]\ncertificate = \"" + d +
                              "/node.pem\"\nkey = \"" + d +
                              "/node.key\"\nca_file = \"" + d + "/ca.pem\"\n");
-  auto secret =
-    dir_.write_private("secret", "0123456789abcdef0123456789abcdef");
+  auto secret = write_secret();
   auto started = start_rank0(job, secret);
   auto& rank0 = *started;
   const std::string coordinator = coordinator_of(rank0);
@@ -574,8 +610,7 @@ TEST_F(apps_cluster, nodes_that_see_other_checkpoint_directories_refuse) {
   // two directories, as unshared storage would give.
   auto job =
     dir_.write("job.toml", small_job + "\n[checkpoint]\ndir = \"ck\"\n");
-  auto secret =
-    dir_.write_private("secret", "0123456789abcdef0123456789abcdef");
+  auto secret = write_secret();
   std::filesystem::create_directories(dir_ / "a");
   std::filesystem::create_directories(dir_ / "b");
   auto node_in = [&](const std::string& cwd, int rank,
@@ -609,8 +644,7 @@ TEST_F(apps_cluster, nodes_that_see_other_checkpoint_directories_refuse) {
 
 TEST_F(apps_cluster, bad_node_flags_are_one_line_errors) {
   auto job = dir_.write("job.toml", small_job);
-  auto secret =
-    dir_.write_private("secret", "0123456789abcdef0123456789abcdef");
+  auto secret = write_secret();
   struct bad_case {
     std::vector<std::string> args;
     std::string expect;
@@ -674,8 +708,7 @@ protected:
   }
 
   std::filesystem::path job_ = dir_.write("job.toml", three_node_job);
-  std::filesystem::path secret_ =
-    dir_.write_private("secret", "0123456789abcdef0123456789abcdef");
+  std::filesystem::path secret_ = write_secret();
 };
 
 TEST_F(apps_cluster_start, a_rank_that_never_joins_is_named_and_exits_3) {
@@ -784,8 +817,7 @@ TEST_F(apps_cluster, two_hosts_train_over_tcp) {
     GTEST_SKIP() << "cannot create network namespaces here (needs root or "
                     "CAP_SYS_ADMIN and iproute2)";
   auto job = dir_.write("job.toml", small_job);
-  auto secret =
-    dir_.write_private("secret", "0123456789abcdef0123456789abcdef");
+  auto secret = write_secret();
   child_process rank0("/usr/sbin/ip",
                       {"netns", "exec", hosts.a(), node_binary, "--job",
                        job.string(), "--node-rank", "0", "--world-size", "2",

@@ -27,6 +27,7 @@ using hello_atom = caf::atom_constant<caf::atom("hello")>;
 using join_atom = caf::atom_constant<caf::atom("join")>;
 using joined_atom = caf::atom_constant<caf::atom("joined")>;
 using attach_atom = caf::atom_constant<caf::atom("attach")>;
+using withdraw_atom = caf::atom_constant<caf::atom("withdraw")>;
 using assign_atom = caf::atom_constant<caf::atom("assign")>;
 using finish_atom = caf::atom_constant<caf::atom("finish")>;
 using abort_atom = caf::atom_constant<caf::atom("abort")>;

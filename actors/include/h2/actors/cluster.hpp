@@ -54,6 +54,11 @@ struct node_options {
   /// ranks that never came (never_joined). Other ranks: how long they try
   /// to reach the coordinator. cluster.join_timeout_seconds.
   std::chrono::milliseconds join_timeout{std::chrono::seconds(300)};
+  /// Other ranks: set when this node cannot train (its chips failed the
+  /// [ditorch] check). It joins only to tell the coordinator why, which
+  /// ends the job naming it (errc::peer_lost on every other node); run()
+  /// then throws run_error(errc::failed, *withdraw).
+  std::optional<std::string> withdraw;
   /// Rank 0: called once the coordinator listens, with its port.
   std::function<void(std::uint16_t)> on_listening;
   /// Rank 0: called with one line per channel between nodes (which chips,
