@@ -125,9 +125,9 @@ typename Inspector::result_type inspect(Inspector& f, node_ready& x) {
 /// under the job's secret, or repeats a sequence number, is dropped and
 /// logged. Node to coordinator: the attach of its node actor after its
 /// join, or instead its withdrawal (payload: why), its heartbeat, a stop
-/// request. Coordinator to node: the plan
-/// assignment (payload assignment_payload), its heartbeat, abort (payload
-/// "<code>/<why>"), finish.
+/// request. Coordinator to node: the plan assignment (payload
+/// assignment_payload), its heartbeat, abort (payload "<code>/<why>"),
+/// finish.
 inline constexpr std::string_view node_attach = "node-attach";
 inline constexpr std::string_view node_withdraw = "node-withdraw";
 inline constexpr std::string_view node_heartbeat = "node-heartbeat";
