@@ -229,7 +229,8 @@ void start_job(coordinator_self self) {
         for (const auto& l : links)
           if (l.dial) { // once per channel between nodes
             const auto path = runtime::device_path(
-              *job.find_chip(l.peer), *job.find_chip(l.local), l.backend);
+              *job.find_chip(l.peer), *job.find_chip(l.local), l.backend,
+              job.transport.cuda_ipc);
             st.options.log("channel " + l.peer.to_string() + " <-> " +
                            l.local.to_string() + ": " + l.backend +
                            (forced == "auto" ? "" : " (forced)") +

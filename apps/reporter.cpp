@@ -200,6 +200,12 @@ void reporter::update_metrics(const runtime::step_summary& s) {
       r.get_counter("h2_channel_received_bytes_total",
                     "Bytes received from a neighbouring chip.", channel)
         .inc(static_cast<double>(t.received));
+      r.get_counter("h2_channel_sent_device_bytes_total",
+                    "Of the bytes sent to a neighbouring chip, those that "
+                    "left from device memory (CUDA IPC, rdma "
+                    "device-direct) rather than staged through host memory.",
+                    channel)
+        .inc(static_cast<double>(t.sent_on_device));
     }
   }
 }
@@ -233,7 +239,12 @@ void reporter::on_step(const runtime::step_summary& s) {
                         {"pipeline_seconds", s.pipeline_seconds},
                         {"bubble_fraction", s.bubble_fraction}};
     j["chips"] = nlohmann::json::array();
-    for (const auto& c : s.chips)
+    for (const auto& c : s.chips) {
+      std::uint64_t sent = 0, sent_on_device = 0;
+      for (const auto& t : c.traffic) {
+        sent += t.sent;
+        sent_on_device += t.sent_on_device;
+      }
       j["chips"].push_back({{"chip", c.chip.to_string()},
                             {"stage", c.stage},
                             {"forward_seconds", c.forward_seconds},
@@ -243,7 +254,10 @@ void reporter::on_step(const runtime::step_summary& s) {
                             {"memory_used_bytes", c.memory.used},
                             {"memory_peak_bytes", c.memory.peak},
                             {"memory_capacity_bytes", c.memory.capacity},
+                            {"sent_bytes", sent},
+                            {"sent_device_bytes", sent_on_device},
                             {"overruns", c.overruns}});
+    }
     json_ << j.dump() << '\n' << std::flush;
   }
   if (!options_.quiet) {

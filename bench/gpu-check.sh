@@ -5,13 +5,18 @@
 # torch.utils.cmake_prefix_path), builds the device, model and runtime tests
 # and the binaries, then
 #   1. runs the CUDA device tests (they must run, not skip) and the device,
-#      model and runtime suites against this libtorch;
+#      model and runtime suites and the shm and frame tests against this
+#      libtorch;
 #   2. h2-opcheck --device cuda:0 --reference cpu, in fp32 and bf16;
 #   3. bench_single_chip --chip cuda:0: H2 on a cuda:0-only job vs a bare
 #      libtorch loop on the same device, tokens/s ratio;
 #   4. the demo model on cuda:0 (bf16) with two emulated chips for 50 steps,
 #      and the same job with `cpu` (bf16) in cuda:0's place: every step's
-#      loss within 2% (the bf16 bound of actors_exactness_bf16).
+#      loss within 2% (the bf16 bound of actors_exactness_bf16);
+#   5. two h2-node processes, one cuda:0 chip each, over shm: activations
+#      and gradients by CUDA IPC, then the same job with transport.cuda_ipc
+#      = false (staged through pinned host memory): the IPC run passed its
+#      bytes in device memory, the staged run none, the losses agree.
 # Packages the build needs besides libtorch come from the system or from
 # .gpu-debs/ (bench/gpu-debs.sh fetches them on Debian 12), unpacked into a
 # private prefix. Prints the figures; exits non-zero on the first failure.
@@ -50,7 +55,7 @@ grep -q "libtorch cuda=1" "$work/cmake.log" ||
 
 say "build"
 cmake --build "$build" -j "$(nproc)" --target test_devices test_model \
-  test_runtime h2-launch h2-node h2-opcheck bench_single_chip >"$work/build.log" ||
+  test_runtime test_transport h2-launch h2-node h2-opcheck bench_single_chip >"$work/build.log" ||
   { tail -50 "$work/build.log"; exit 1; }
 
 say "1. device, model and runtime tests"
@@ -62,6 +67,8 @@ fi
 for t in devices/test_devices model/test_model runtime/test_runtime; do
   "$build/tests/$t" --gtest_brief=1 | tail -2
 done
+"$build/tests/transport/test_transport" --gtest_brief=1 \
+  --gtest_filter='transport_shm.*:transport_frames.*' | tail -2
 
 say "2. h2-opcheck"
 for dtype in fp32 bf16; do
@@ -103,5 +110,52 @@ print(f"mixed job: loss {gpu[0]['loss']:.4f} -> {gpu[-1]['loss']:.4f} on cuda:0,
       f"{cpu[-1]['loss']:.4f} on cpu; worst step difference {100 * worst:.2f}% "
       f"(bound 2%); {tps:.0f} tokens/s")
 sys.exit(0 if worst <= 0.02 else 1)
+PY
+say "5. two processes on cuda:0 over shm: CUDA IPC against staging"
+two_nodes() { # $1: transport.cuda_ipc
+  sed -n '/^\[job\]/,/^\[emulation\]/p' "$root/examples/demo.toml" |
+    sed '/^\[emulation\]/d; s/^steps = .*/steps = 30/; s/^eval_every = .*/eval_every = 0/'
+  cat <<TOML
+[[nodes]]
+chips = ["cuda:0"]
+[[nodes]]
+chips = ["cuda:0"]
+[plan]
+mode = "even"
+schedule = "1f1b"
+[transport]
+backend = "shm"
+cuda_ipc = $1
+TOML
+}
+two_nodes true >"$work/ipc.toml"
+two_nodes false >"$work/staged.toml"
+for run in ipc staged; do
+  "$build/apps/h2-launch" "$work/$run.toml" --nodes 2 -q --no-metrics \
+    --json-log "$work/$run.jsonl" >"$work/$run.log" 2>&1 ||
+    { tail -20 "$work/$run.log"; exit 1; }
+  grep "h2: channel" "$work/$run.log"
+done
+grep -q "by CUDA IPC" "$work/ipc.log" ||
+  { echo "gpu-check: the channel line does not name CUDA IPC"; exit 1; }
+python3 - "$work/ipc.jsonl" "$work/staged.jsonl" <<'PY'
+import json, sys
+def steps(path):
+    return [e for e in map(json.loads, open(path)) if e.get("event") == "step"]
+ipc, staged = steps(sys.argv[1]), steps(sys.argv[2])
+assert len(ipc) == len(staged) == 30, (len(ipc), len(staged))
+def device_bytes(run):
+    return sum(c["sent_device_bytes"] for s in run for c in s["chips"])
+def sent_bytes(run):
+    return sum(c["sent_bytes"] for s in run for c in s["chips"])
+worst = max(abs(a["loss"] - b["loss"]) / b["loss"] for a, b in zip(ipc, staged))
+def tps(run):
+    return sum(s["tokens_per_second"] for s in run[1:]) / (len(run) - 1)
+print(f"two processes: {device_bytes(ipc)} of {sent_bytes(ipc)} bytes by CUDA IPC, "
+      f"{device_bytes(staged)} staged run; worst step loss difference "
+      f"{100 * worst:.4f}%; {tps(ipc):.0f} tokens/s by IPC, {tps(staged):.0f} staged "
+      f"(ratio {tps(ipc) / tps(staged):.2f})")
+ok = device_bytes(ipc) > 0 and device_bytes(staged) == 0 and worst <= 1e-3
+sys.exit(0 if ok else 1)
 PY
 say "done in $(( $(date +%s) - t0 )) s"

@@ -494,6 +494,7 @@ void read_transport(table_reader& root, job_config& job) {
                             return std::nullopt;
                           });
   tr.crc = t->optional<bool>("crc", tr.crc);
+  tr.cuda_ipc = t->optional<bool>("cuda_ipc", tr.cuda_ipc);
   tr.shm_ring_bytes = static_cast<std::uint64_t>(
     number_in(*t, "shm_ring_mb", 16, 0, 1 << 20, true) * (1 << 20));
   tr.shm_heap_bytes = static_cast<std::uint64_t>(

@@ -41,6 +41,10 @@ void check_frame(const std::byte* in, std::size_t size) {
   } else {
     require((h.flags & wire::flag::placed) == 0, "only tensors are placed");
   }
+  if ((h.flags & wire::flag::on_device) != 0)
+    require((h.flags & wire::flag::placed) != 0 &&
+              (h.flags & wire::flag::payload_crc) == 0,
+            "device payloads are placed and never checksummed");
   // A header that decodes is one this build could have sent: encoding it
   // again gives the same bytes (no field is ignored).
   std::byte again[wire::header_bytes];

@@ -35,12 +35,24 @@ transport::channel_limits channel_limits_of(const job_config& job,
   return limits;
 }
 
+bool shares_device_memory(const chip_spec& a, const chip_spec& b,
+                          std::string_view backend, bool cuda_ipc) {
+  return cuda_ipc && backend == "shm" && a.backend == device_backend::cuda &&
+         b.backend == device_backend::cuda;
+}
+
 std::string device_path(const chip_spec& a, const chip_spec& b,
-                        std::string_view backend) {
+                        std::string_view backend, bool cuda_ipc) {
   if (!is_gpu(a) && !is_gpu(b))
     return "";
   if (backend == "inproc")
     return "device tensors handed over, copied onto the receiver's device";
+  if (shares_device_memory(a, b, backend, cuda_ipc))
+    return "device tensors passed in device memory by CUDA IPC";
+  if (backend == "rdma" &&
+      (a.backend == device_backend::cuda || b.backend == device_backend::cuda))
+    return "CUDA tensors sent from device memory where it registers as a "
+           "dma-buf, else staged through pinned host memory";
   return "device tensors staged through pinned host memory";
 }
 
@@ -92,6 +104,9 @@ void wire_channels(
     auto& link = setup->peers.at(peer);
     link.channel = ch;
     link.profile = job.find_chip(peer)->profile;
+    if (shares_device_memory(*job.find_chip(local), *job.find_chip(peer),
+                             ch->backend(), job.transport.cuda_ipc))
+      ch->set_device_sharing(true);
     if (keep)
       keep(link.channel);
   };

@@ -359,7 +359,8 @@ std::vector<channel_traffic> traffic_of(const worker_setup& s) {
   std::vector<channel_traffic> out;
   for (const auto& [peer, link] : s.peers) {
     auto st = link.channel->stats();
-    out.push_back({peer, st.bytes_sent, st.bytes_received});
+    out.push_back(
+      {peer, st.bytes_sent, st.bytes_received, st.bytes_sent_on_device});
   }
   return out;
 }
@@ -491,6 +492,7 @@ chip_step_report stage_worker::run_step(const step_command& cmd) {
     for (std::size_t i = 0; i < r.traffic.size(); ++i) {
       r.traffic[i].sent -= traffic_before[i].sent;
       r.traffic[i].received -= traffic_before[i].received;
+      r.traffic[i].sent_on_device -= traffic_before[i].sent_on_device;
     }
     r.overruns = clock.overruns();
     r.overrun_seconds = clock.overrun_seconds();

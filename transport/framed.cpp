@@ -3,6 +3,11 @@
 #include "h2/transport/crc32c.hpp"
 #include "h2/transport/spin.hpp"
 
+#include <h2/config.hpp>
+#if H2_HAS_CUDA
+#include "h2/devices/cuda/context.hpp"
+#endif
+
 #include <ATen/ops/empty.h>
 #include <ATen/ops/from_blob.h>
 
@@ -422,7 +427,10 @@ private:
   void adopt_payload() {
     auto where =
       wire::decode_placement(placement_bytes_, header_.payload_bytes);
+    where.on_device = (header_.flags & wire::flag::on_device) != 0;
     auto payload = link_->adopt(where);
+    if (payload.device >= 0)
+      return copy_off_device(payload);
     try {
       message_.tensor = at::from_blob(
         payload.data, shape(),
@@ -433,6 +441,31 @@ private:
       throw;
     }
     finish_frame(static_cast<std::byte*>(payload.data));
+  }
+
+  /// A payload the peer placed in device memory it shares: copied onto a
+  /// tensor of the same GPU at once and given back (the runtime's take()
+  /// moves it to the receiving chip's GPU when that is another). Never
+  /// checksummed (decode() refuses that).
+  void copy_off_device(byte_link::adopted_payload& payload) {
+    try {
+#if H2_HAS_CUDA
+      message_.tensor = at::empty(
+        shape(),
+        at::TensorOptions()
+          .dtype(wire::scalar_type_of(header_.dtype))
+          .device(c10::kCUDA, static_cast<c10::DeviceIndex>(payload.device)));
+      devices::copy_device_memory(message_.tensor.data_ptr(), payload.data,
+                                  header_.payload_bytes, payload.device);
+#else
+      throw internal_error("a device payload in a build without CUDA");
+#endif
+    } catch (...) {
+      payload.release();
+      throw;
+    }
+    payload.release();
+    finish_frame(nullptr);
   }
 
   void finish_frame(const std::byte* payload) {
@@ -600,9 +633,16 @@ void framed_channel::send(message m) {
   h.wall_clock = m.sent.wall_seconds;
   const void* payload = m.bytes.data();
   at::Tensor t;
+  // A CUDA tensor goes in device memory where the peer can map it (shm
+  // between CUDA chips), or straight from the device where the link sends
+  // device memory (rdma's device-direct path), else through pinned host
+  // memory (docs/transport.md, "Device memory"). Checksums are computed on
+  // the host.
+  const bool from_device =
+    m.tensor.defined() && m.tensor.is_cuda() && !options_.crc;
   if (m.tensor.defined()) {
-    t = m.tensor.device().is_cpu() ? m.tensor.contiguous()
-                                   : pinned_host_copy(m.tensor);
+    t = m.tensor.device().is_cpu() || from_device ? m.tensor.contiguous()
+                                                  : pinned_host_copy(m.tensor);
     H2_ENFORCE(t.dim() <= wire::max_dims, "tensor of ", t.dim(), " dimensions");
     h.flags |= wire::flag::tensor;
     h.dtype = wire::code_of(t.scalar_type());
@@ -619,16 +659,32 @@ void framed_channel::send(message m) {
     h.flags |= wire::flag::payload_crc;
     h.payload_crc = crc32c(payload, h.payload_bytes);
   }
-  const buffer_view body{payload, static_cast<std::size_t>(h.payload_bytes)};
+  buffer_view body{payload, static_cast<std::size_t>(h.payload_bytes)};
   std::byte header[wire::header_bytes];
   const auto until = std::chrono::steady_clock::now() + options_.send_timeout;
   try {
     std::lock_guard<std::mutex> guard(write_mutex_);
     std::optional<wire::placement> placed;
-    if (t.defined() && body.size > 0)
+    bool direct = false;
+    if (from_device && body.size > 0) {
+      if (device_sharing_.load(std::memory_order_relaxed))
+        placed = link_->place_on_device(body, t.get_device());
+      direct = !placed && link_->writes_from_device(body);
+#if H2_HAS_CUDA
+      if (direct)
+        devices::synchronize_cuda_device(t.get_device());
+#endif
+    }
+    if (from_device && !placed && !direct) {
+      t = pinned_host_copy(t); // no room, or the link cannot: staged
+      body = {t.data_ptr(), body.size};
+    }
+    if (!placed && !direct && t.defined() && body.size > 0)
       placed = link_->place(body);
     if (placed) {
       h.flags |= wire::flag::placed;
+      if (placed->on_device)
+        h.flags |= wire::flag::on_device;
       wire::encode(h, header);
       std::byte record[wire::placement_bytes];
       wire::encode(*placed, record);
@@ -648,6 +704,8 @@ void framed_channel::send(message m) {
   }
   messages_sent_ += 1;
   bytes_sent_ += h.payload_bytes;
+  if (t.defined() && t.is_cuda())
+    bytes_sent_on_device_ += h.payload_bytes;
 }
 
 pending_message framed_channel::recv_async(std::uint64_t tag) {
@@ -662,6 +720,10 @@ void framed_channel::close() noexcept {
   receiver_->stop();
 }
 
+void framed_channel::set_device_sharing(bool on) {
+  device_sharing_.store(on, std::memory_order_relaxed);
+}
+
 void framed_channel::set_limits(const channel_limits& limits) {
   receiver_->set_max_payload(limits.max_payload_bytes);
   inbox_.set_max_unawaited(limits.max_unawaited);
@@ -669,7 +731,8 @@ void framed_channel::set_limits(const channel_limits& limits) {
 
 channel_stats framed_channel::stats() const {
   return {messages_sent_.load(), inbox_.messages_delivered(),
-          bytes_sent_.load(), inbox_.bytes_delivered()};
+          bytes_sent_.load(), inbox_.bytes_delivered(),
+          bytes_sent_on_device_.load()};
 }
 
 } // namespace h2::transport

@@ -11,6 +11,14 @@ std::optional<wire::placement> byte_link::place(buffer_view) {
   return std::nullopt;
 }
 
+std::optional<wire::placement> byte_link::place_on_device(buffer_view, int) {
+  return std::nullopt;
+}
+
+bool byte_link::writes_from_device(buffer_view) {
+  return false;
+}
+
 void byte_link::read(void* data, std::size_t size,
                      std::optional<deadline> until) {
   auto* p = static_cast<std::byte*>(data);

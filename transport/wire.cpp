@@ -133,6 +133,9 @@ frame_header decode(const std::byte* in, std::uint64_t max_payload_bytes) {
   h.flags = get<std::uint8_t>(in, 7);
   if ((h.flags & ~flag::all) != 0)
     corrupt("unknown flags");
+  if ((h.flags & flag::on_device) != 0 &&
+      ((h.flags & flag::placed) == 0 || (h.flags & flag::payload_crc) != 0))
+    corrupt("a device payload that is not placed, or with a checksum");
   h.tag = get<std::uint64_t>(in, 8);
   h.virtual_clock = get<double>(in, 16);
   h.wall_clock = get<double>(in, 24);

@@ -2,6 +2,8 @@
 
 #include "../gpu_checks.hpp"
 
+#include "h2/core/error.hpp"
+
 #include <h2/config.hpp>
 
 #include <ATen/ops/empty.h>
@@ -18,6 +20,8 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstring>
+#include <tuple>
 
 namespace h2::devices {
 
@@ -299,6 +303,151 @@ export_cuda_dmabuf(const cuda_allocation& a) noexcept {
       fd < 0)
     return std::nullopt;
   return cuda_dmabuf{fd, base, end - base};
+}
+
+// -- CUDA IPC ----------------------------------------------------------------
+
+namespace {
+
+/// The calling thread's current device, restored when the guard goes: the
+/// transport's copies run on stage threads bound to their own chip.
+class device_restorer {
+public:
+  device_restorer() noexcept {
+    if (cudaGetDevice(&previous_) != cudaSuccess)
+      previous_ = -1;
+  }
+  ~device_restorer() {
+    if (previous_ >= 0)
+      cudaSetDevice(previous_);
+  }
+  device_restorer(const device_restorer&) = delete;
+  device_restorer& operator=(const device_restorer&) = delete;
+
+private:
+  int previous_ = -1;
+};
+
+std::string cuda_failure(const char* call, cudaError_t rc) {
+  return std::string(call) + ": " + cudaGetErrorString(rc);
+}
+
+} // namespace
+
+cuda_shared_memory::cuda_shared_memory(int device, std::size_t bytes)
+    : bytes_(bytes), device_(device) {
+  device_restorer restore;
+  auto fail = [&](const char* call, cudaError_t rc) {
+    cudaGetLastError(); // clears a sticky allocation error
+    throw device_error(rc == cudaErrorMemoryAllocation
+                         ? device_errc::out_of_memory
+                         : device_errc::unavailable,
+                       "sharing " + std::to_string(bytes) +
+                         " bytes of cuda:" + std::to_string(device) +
+                         " with another process: " + cuda_failure(call, rc));
+  };
+  cudaError_t rc = cudaSetDevice(device);
+  if (rc != cudaSuccess)
+    fail("cudaSetDevice", rc);
+  char bus_id[32] = {};
+  rc = cudaDeviceGetPCIBusId(bus_id, sizeof(bus_id), device);
+  if (rc != cudaSuccess)
+    fail("cudaDeviceGetPCIBusId", rc);
+  pci_bus_id_ = bus_id;
+  rc = cudaMalloc(&data_, bytes);
+  if (rc != cudaSuccess)
+    fail("cudaMalloc", rc);
+  cudaIpcMemHandle_t handle;
+  rc = cudaIpcGetMemHandle(&handle, data_);
+  if (rc != cudaSuccess) {
+    cudaFree(data_);
+    fail("cudaIpcGetMemHandle", rc);
+  }
+  static_assert(sizeof(handle) == std::tuple_size_v<cuda_ipc_handle>);
+  std::memcpy(handle_.data(), &handle, sizeof(handle));
+}
+
+cuda_shared_memory::~cuda_shared_memory() {
+  device_restorer restore;
+  if (cudaSetDevice(device_) == cudaSuccess)
+    cudaFree(data_);
+}
+
+cuda_mapped_memory::cuda_mapped_memory(const cuda_ipc_handle& handle,
+                                       const std::string& pci_bus_id) {
+  device_restorer restore;
+  auto fail = [&](const char* call, cudaError_t rc) {
+    cudaGetLastError();
+    throw device_error(
+      device_errc::unavailable,
+      "mapping the device memory of GPU " + pci_bus_id +
+        " that another process shared: " + cuda_failure(call, rc));
+  };
+  cudaError_t rc = cudaDeviceGetByPCIBusId(&device_, pci_bus_id.c_str());
+  if (rc != cudaSuccess)
+    fail("cudaDeviceGetByPCIBusId (is the GPU visible to this process? "
+         "CUDA_VISIBLE_DEVICES)",
+         rc);
+  rc = cudaSetDevice(device_);
+  if (rc != cudaSuccess)
+    fail("cudaSetDevice", rc);
+  cudaIpcMemHandle_t h;
+  std::memcpy(&h, handle.data(), sizeof(h));
+  rc = cudaIpcOpenMemHandle(&data_, h, cudaIpcMemLazyEnablePeerAccess);
+  if (rc != cudaSuccess)
+    fail("cudaIpcOpenMemHandle", rc);
+  if (auto a = find_cuda_allocation(data_))
+    bytes_ = a->bytes;
+}
+
+cuda_mapped_memory::~cuda_mapped_memory() {
+  device_restorer restore;
+  if (cudaSetDevice(device_) == cudaSuccess)
+    cudaIpcCloseMemHandle(data_);
+}
+
+void synchronize_cuda_device(int device) {
+  device_restorer restore;
+  cudaError_t rc = cudaSetDevice(device);
+  const char* call = "cudaSetDevice";
+  if (rc == cudaSuccess) {
+    call = "cudaDeviceSynchronize";
+    rc = cudaDeviceSynchronize();
+  }
+  if (rc != cudaSuccess) {
+    cudaGetLastError();
+    throw device_error(device_errc::invalid,
+                       "waiting for cuda:" + std::to_string(device) + ": " +
+                         cuda_failure(call, rc));
+  }
+}
+
+void copy_device_memory(void* dst, const void* src, std::size_t bytes,
+                        int device) {
+  device_restorer restore;
+  // The legacy default stream does not wait for libtorch's streams (they
+  // are non-blocking): the whole device is waited for, before and after.
+  const char* call = "cudaSetDevice";
+  cudaError_t rc = cudaSetDevice(device);
+  if (rc == cudaSuccess) {
+    call = "cudaDeviceSynchronize";
+    rc = cudaDeviceSynchronize();
+  }
+  if (rc == cudaSuccess) {
+    call = "cudaMemcpy";
+    rc = cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToDevice);
+  }
+  if (rc == cudaSuccess) {
+    call = "cudaDeviceSynchronize";
+    rc = cudaDeviceSynchronize();
+  }
+  if (rc != cudaSuccess) {
+    cudaGetLastError();
+    throw device_error(
+      device_errc::invalid,
+      "copying " + std::to_string(bytes) + " bytes of device memory on cuda:" +
+        std::to_string(device) + ": " + cuda_failure(call, rc));
+  }
 }
 
 } // namespace h2::devices

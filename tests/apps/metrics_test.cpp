@@ -57,7 +57,8 @@ TEST_F(apps_metrics, endpoint_serves_valid_prometheus_text) {
   for (const char* series :
        {"\nh2_loss ", "\nh2_step_seconds ", "\nh2_tokens_per_second ",
         "\nh2_steps_total ", "\nh2_channel_sent_bytes_total{",
-        "\nh2_channel_received_bytes_total{"})
+        "\nh2_channel_received_bytes_total{",
+        "\nh2_channel_sent_device_bytes_total{"})
     EXPECT_NE(body.find(series), std::string::npos)
       << "no " << series + 1 << " in:\n"
       << body;

@@ -240,6 +240,10 @@ TEST(core_job, transport_section) {
   EXPECT_EQ(job.transport.shm_ring_bytes, std::uint64_t{512} << 10);
   EXPECT_EQ(job.transport.shm_heap_bytes, 0u); // every payload streams
   EXPECT_TRUE(job.transport.crc);
+  EXPECT_TRUE(job.transport.cuda_ipc); // the default
+  EXPECT_FALSE(
+    parse_job(base_job + "\n[transport]\ncuda_ipc = false\n", "<string>")
+      .transport.cuda_ipc);
   // The rdma ring has its own key; the shm ring does not move it.
   EXPECT_EQ(job.transport.rdma_ring_bytes, std::uint64_t{16} << 20);
 }

@@ -21,6 +21,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <optional>
 #include <string>
 
 namespace h2::devices {
@@ -264,6 +265,50 @@ TEST(devices_context, cuda_chip_without_a_device_is_unavailable) {
 TEST(devices_context, cuda_device_opens) {
 #if H2_HAS_CUDA
   expect_gpu_opens<cuda_context>("cuda", "CUDA");
+#else
+  GTEST_SKIP() << "this build has no CUDA backend (H2_WITH_CUDA)";
+#endif
+}
+
+// Device memory shared with another process (CUDA IPC, the shm channels
+// between CUDA chips). Mapping it needs a second process: bench/gpu-check.sh
+// runs a two-process job for that.
+TEST(devices_context, cuda_memory_is_shared_by_ipc) {
+#if H2_HAS_CUDA
+  const auto error_of = [](auto&& f) -> std::optional<device_error> {
+    try {
+      f();
+    } catch (const device_error& e) {
+      return e;
+    }
+    return std::nullopt;
+  };
+  // No GPU has this bus id.
+  const auto foreign = error_of(
+    [] { cuda_mapped_memory mapped(cuda_ipc_handle{}, "ffff:ff:1f.7"); });
+  ASSERT_TRUE(foreign.has_value());
+  EXPECT_EQ(foreign->code(), device_errc::unavailable);
+  expect_contains(foreign->what(), "GPU ffff:ff:1f.7");
+  if (cuda_context::device_count() == 0) {
+    const auto none =
+      error_of([] { cuda_shared_memory shared(0, std::size_t{1} << 20); });
+    ASSERT_TRUE(none.has_value());
+    EXPECT_EQ(none->code(), device_errc::unavailable);
+    expect_contains(none->what(), "sharing 1048576 bytes of cuda:0");
+    GTEST_SKIP() << "no CUDA device on this machine; checked the errors only";
+  }
+  if (!at::hasCUDA())
+    GTEST_SKIP() << "libtorch was built without CUDA; checked the errors only";
+  cuda_shared_memory shared(0, std::size_t{1} << 20);
+  EXPECT_EQ(shared.size(), std::size_t{1} << 20);
+  EXPECT_EQ(shared.pci_bus_id().size(), 12u); // "0000:3b:00.0"
+  EXPECT_NE(shared.handle(), cuda_ipc_handle{});
+  const auto on_gpu = at::TensorOptions(at::kFloat).device(c10::kCUDA, 0);
+  const at::Tensor sent = at::arange(1 << 16, on_gpu);
+  at::Tensor back = at::empty({1 << 16}, on_gpu);
+  copy_device_memory(shared.data(), sent.data_ptr(), 1 << 18, 0);
+  copy_device_memory(back.data_ptr(), shared.data(), 1 << 18, 0);
+  EXPECT_TRUE(back.equal(sent));
 #else
   GTEST_SKIP() << "this build has no CUDA backend (H2_WITH_CUDA)";
 #endif

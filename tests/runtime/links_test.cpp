@@ -152,21 +152,49 @@ TEST(runtime_links, channel_limits_follow_the_plan) {
   EXPECT_EQ(wide_limits.max_unawaited, 2u * 2 * 3 + 4);
 }
 
-TEST(runtime_links, the_device_path_is_named_only_for_gpu_chips) {
+/// A chip of each kind, for the device paths.
+struct chips_of_each_kind {
   const catalog& profiles = catalog::builtin();
-  const auto cpu = chip_of_device("cpu", "", profiles);
-  const auto emulated = chip_of_device("emulated:h100-sxm", "", profiles);
-  const auto cuda = chip_of_device("cuda:0", "", profiles);
-  const auto hip = chip_of_device("hip:1", "", profiles);
-  EXPECT_EQ(device_path(cpu, emulated, "shm"), "");
-  EXPECT_EQ(device_path(cuda, emulated, "inproc"),
+  chip_spec cpu = chip_of_device("cpu", "", profiles);
+  chip_spec emulated = chip_of_device("emulated:h100-sxm", "", profiles);
+  chip_spec cuda = chip_of_device("cuda:0", "", profiles);
+  chip_spec cuda1 = chip_of_device("cuda:1", "", profiles);
+  chip_spec hip = chip_of_device("hip:1", "", profiles);
+};
+
+TEST(runtime_links, the_device_path_is_named_only_for_gpu_chips) {
+  const auto [profiles, cpu, emulated, cuda, cuda1, hip] = chips_of_each_kind{};
+  EXPECT_EQ(device_path(cpu, emulated, "shm", true), "");
+  EXPECT_EQ(device_path(cuda, emulated, "inproc", true),
             "device tensors handed over, copied onto the receiver's device");
-  for (const char* backend : {"shm", "tcp", "rdma"}) {
-    EXPECT_EQ(device_path(cuda, cpu, backend),
+  for (const char* backend : {"shm", "tcp"}) {
+    EXPECT_EQ(device_path(cuda, cpu, backend, true),
               "device tensors staged through pinned host memory");
-    EXPECT_EQ(device_path(emulated, hip, backend),
-              device_path(cuda, cpu, backend));
+    EXPECT_EQ(device_path(emulated, hip, backend, true),
+              device_path(cuda, cpu, backend, true));
   }
+  // rdma sends a CUDA chip's registered device memory as it is.
+  EXPECT_EQ(device_path(cuda, cpu, "rdma", true),
+            "CUDA tensors sent from device memory where it registers as a "
+            "dma-buf, else staged through pinned host memory");
+  EXPECT_EQ(device_path(emulated, hip, "rdma", true),
+            "device tensors staged through pinned host memory");
+}
+
+TEST(runtime_links, only_shm_between_cuda_chips_shares_device_memory) {
+  const auto [profiles, cpu, emulated, cuda0, cuda1, hip] =
+    chips_of_each_kind{};
+  EXPECT_TRUE(shares_device_memory(cuda0, cuda1, "shm", true));
+  EXPECT_EQ(device_path(cuda0, cuda1, "shm", true),
+            "device tensors passed in device memory by CUDA IPC");
+  // Turned off by the job, another backend, a chip that is not CUDA.
+  EXPECT_FALSE(shares_device_memory(cuda0, cuda1, "shm", false));
+  EXPECT_EQ(device_path(cuda0, cuda1, "shm", false),
+            "device tensors staged through pinned host memory");
+  for (const char* backend : {"inproc", "tcp", "rdma"})
+    EXPECT_FALSE(shares_device_memory(cuda0, cuda1, backend, true));
+  EXPECT_FALSE(shares_device_memory(cuda0, cpu, "shm", true));
+  EXPECT_FALSE(shares_device_memory(hip, cuda0, "shm", true));
 }
 
 } // namespace

@@ -372,6 +372,25 @@ TEST(transport_frames, placement_records_are_checked) {
             transport_errc::corrupt_frame);
 }
 
+TEST(transport_frames, device_placements_are_placed_tensors_without_checksum) {
+  wire::frame_header h;
+  h.flags = wire::flag::tensor | wire::flag::placed | wire::flag::on_device;
+  h.dtype = wire::dtype_code::float32;
+  h.ndim = 1;
+  h.shape[0] = 1024;
+  h.payload_bytes = 4096;
+  EXPECT_EQ(wire::decode(header_of(h).data(), 1 << 20).flags, h.flags);
+  // Not placed: the bytes would have to follow, and they are the device's.
+  h.flags = wire::flag::tensor | wire::flag::on_device;
+  EXPECT_EQ(error_of([&] { wire::decode(header_of(h).data(), 1 << 20); }),
+            transport_errc::corrupt_frame);
+  // A checksum is the host's to compute: never over device memory.
+  h.flags = wire::flag::tensor | wire::flag::placed | wire::flag::on_device |
+            wire::flag::payload_crc;
+  EXPECT_EQ(error_of([&] { wire::decode(header_of(h).data(), 1 << 20); }),
+            transport_errc::corrupt_frame);
+}
+
 TEST(transport_frames, wire_header_round_trips) {
   wire::frame_header h;
   h.kind = wire::frame_kind::data;

@@ -8,14 +8,18 @@
 #include "h2/core/random.hpp"
 #include "h2/transport/channel.hpp"
 #include "h2/transport/socket_link.hpp"
-// The segment's layout, for a hostile acceptor that passes a bad one.
+// The segment's layout, for a hostile acceptor that passes a bad one, and
+// its link, for a hostile writer.
+#include "../../transport/shm/link.hpp"
 #include "../../transport/shm/segment.hpp"
+#include "h2/transport/framed.hpp"
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
 #include <chrono>
 #include <cstdint>
+#include <cstring>
 #include <fcntl.h>
 #include <fstream>
 #include <future>
@@ -113,6 +117,18 @@ TEST(transport_shm, held_blocks_are_kept_and_a_full_heap_streams) {
     EXPECT_TRUE(in_shm_segment(got.data_ptr())) << i;
     EXPECT_TRUE(at::equal(got, counting(elements, 100.0f + i)));
   }
+}
+
+TEST(transport_shm, device_sharing_leaves_host_tensors_in_the_segment) {
+  auto [a, b] = shm_pair(std::uint64_t{16} << 20);
+  a->set_device_sharing(true); // as between two CUDA chips
+  auto sent = counting(1 << 18, 3);
+  a->send(tensor_message(3, sent));
+  auto got = b->recv(3, patience).tensor;
+  EXPECT_TRUE(in_shm_segment(got.data_ptr()));
+  EXPECT_TRUE(at::equal(got, sent));
+  EXPECT_EQ(a->stats().bytes_sent, std::uint64_t{1} << 20);
+  EXPECT_EQ(a->stats().bytes_sent_on_device, 0u);
 }
 
 TEST(transport_shm, received_tensors_outlive_their_channel) {
@@ -216,6 +232,103 @@ TEST(transport_shm,
   EXPECT_EQ(
     dial_a_hostile_acceptor(memfd(MFD_ALLOW_SEALING, odd.total(), both), odd),
     transport_errc::corrupt_frame);
+}
+
+/// One shm segment with both of its ends in this process, and no backend: a
+/// framed channel receives on the dialer's end while a test writes what a
+/// hostile acceptor would on the other.
+struct raw_shm_writer {
+  shm::segment_sizes sizes{std::uint64_t{1} << 20, std::uint64_t{1} << 20};
+  std::shared_ptr<shm::segment> seg = std::make_shared<shm::segment>();
+  shm::segment_header* header = nullptr;
+  std::unique_ptr<shm::shm_link> writer;
+  std::unique_ptr<framed_channel> reader;
+
+  raw_shm_writer() {
+    seg->bytes = sizes.total();
+    seg->map = ::mmap(nullptr, seg->bytes, PROT_READ | PROT_WRITE,
+                      MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    EXPECT_NE(seg->map, MAP_FAILED);
+    header = new (seg->map) shm::segment_header{shm::segment_magic, sizes, {}};
+    int fds[2];
+    EXPECT_EQ(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, fds), 0);
+    writer = std::make_unique<shm::shm_link>(
+      seg, true, std::make_unique<socket_link>(fds[0], "shm", "reader"));
+    reader = std::make_unique<framed_channel>(
+      std::make_unique<shm::shm_link>(
+        seg, false, std::make_unique<socket_link>(fds[1], "shm", "writer")),
+      framed_options{});
+  }
+
+  /// Publishes device memory of `bytes` on GPU `bus_id` as the writer's,
+  /// sharing nothing (the handle is no allocation's).
+  void claim_device_memory(std::uint64_t bytes, const char* bus_id) {
+    shm::ring_control& out = header->rings[0];
+    out.device_bytes = bytes;
+    std::strcpy(out.device_bus_id, bus_id);
+    out.device_state.store(1);
+  }
+
+  /// Sends a 64 KiB float tensor "placed" at `offset` of the writer's
+  /// device memory; returns what the receive fails with.
+  transport_error receive_a_device_placement(std::uint64_t offset) {
+    wire::frame_header h;
+    h.tag = 1;
+    h.flags = wire::flag::tensor | wire::flag::placed | wire::flag::on_device;
+    h.dtype = wire::dtype_code::float32;
+    h.ndim = 1;
+    h.shape[0] = 1 << 14;
+    h.payload_bytes = 1 << 16;
+    std::byte bytes[wire::header_bytes];
+    wire::encode(h, bytes);
+    std::byte record[wire::placement_bytes];
+    wire::encode(wire::placement{offset, h.payload_bytes}, record);
+    writer->write({{bytes, sizeof(bytes)}, {record, sizeof(record)}},
+                  std::chrono::steady_clock::now() + patience);
+    try {
+      reader->recv(1, patience);
+    } catch (const transport_error& e) {
+      return e;
+    }
+    ADD_FAILURE() << "a hostile device placement was received";
+    return transport_error(transport_errc::timeout, "");
+  }
+};
+
+TEST(transport_shm, a_device_placement_the_peer_never_shared_is_corrupt) {
+  raw_shm_writer w;
+  const auto e = w.receive_a_device_placement(0);
+  EXPECT_EQ(e.code(), transport_errc::corrupt_frame) << e.what();
+  EXPECT_NE(std::string(e.what()).find("device memory it never shared"),
+            std::string::npos)
+    << e.what();
+}
+
+TEST(transport_shm, shared_device_memory_of_another_size_is_corrupt) {
+  raw_shm_writer w;
+  w.claim_device_memory(w.sizes.heap_bytes * 2, "0000:3b:00.0");
+  const auto e = w.receive_a_device_placement(0);
+  EXPECT_EQ(e.code(), transport_errc::corrupt_frame) << e.what();
+}
+
+TEST(transport_shm, a_device_placement_outside_the_shared_memory_is_corrupt) {
+  raw_shm_writer w;
+  w.claim_device_memory(w.sizes.heap_bytes, "0000:3b:00.0");
+  const auto e = w.receive_a_device_placement(w.sizes.heap_bytes);
+  EXPECT_EQ(e.code(), transport_errc::corrupt_frame) << e.what();
+  EXPECT_NE(std::string(e.what()).find("of device memory of 1048576 bytes"),
+            std::string::npos)
+    << e.what();
+}
+
+TEST(transport_shm, device_memory_this_process_cannot_map_names_the_job_key) {
+  raw_shm_writer w;
+  w.claim_device_memory(w.sizes.heap_bytes, "ffff:ff:1f.7"); // no GPU's
+  const auto e = w.receive_a_device_placement(0);
+  EXPECT_EQ(e.code(), transport_errc::protocol_mismatch) << e.what();
+  EXPECT_NE(std::string(e.what()).find("transport.cuda_ipc = false"),
+            std::string::npos)
+    << e.what();
 }
 
 } // namespace

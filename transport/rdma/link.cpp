@@ -137,6 +137,16 @@ void rdma_link::write(std::initializer_list<buffer_view> parts,
   flush(until);
 }
 
+bool rdma_link::writes_from_device(buffer_view payload) {
+  if (payload.size < device_direct_min_bytes)
+    return false;
+  try {
+    return device_region(payload.data, payload.size) != nullptr;
+  } catch (const device_error&) {
+    return false; // cannot be registered: the caller stages it
+  }
+}
+
 std::size_t rdma_link::read_some(void* data, std::size_t size) {
   std::uint64_t available = 0, at = 0;
   auto arrived = [&] {

@@ -39,6 +39,8 @@ public:
   void exchange_rings(deadline until);
 
   void write(std::initializer_list<buffer_view> parts, deadline until) override;
+  /// Device memory of 64 KiB or more that registers (device_region).
+  bool writes_from_device(buffer_view payload) override;
 
   /// Copies out of the receive ring what arrived; returns credit when due.
   std::size_t read_some(void* data, std::size_t size) override;

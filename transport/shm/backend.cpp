@@ -182,7 +182,7 @@ public:
     // The mapping keeps the segment alive; the descriptor is not needed.
     ::close(fd);
     return std::make_unique<shm_link>(std::move(seg), acceptor,
-                                      std::move(socket));
+                                      std::move(socket), log_);
   }
 
   void stop() noexcept override {

@@ -4,9 +4,15 @@
 #include "h2/transport/ring.hpp"
 #include "h2/transport/spin.hpp"
 
+#include <h2/config.hpp>
+#if H2_HAS_CUDA
+#include "h2/devices/cuda/context.hpp"
+#endif
+
 #include <algorithm>
 #include <cstring>
 #include <mutex>
+#include <string>
 
 namespace h2::transport::shm {
 
@@ -18,7 +24,48 @@ constexpr std::chrono::microseconds spin_wanted{50};
 /// used before rather than take fresh memory (shm_link::allocate_block).
 constexpr std::chrono::milliseconds free_wait{2};
 
+/// Throws corrupt_frame unless the peer's placement `p` is a block of
+/// `region` bytes (`what`: "a heap", "device memory").
+void check_placement(const wire::placement& p, std::uint64_t region,
+                     const char* what) {
+  if (p.bytes == 0 || p.offset % block_alignment != 0 || p.offset >= region ||
+      p.bytes > region - p.offset)
+    throw transport_error(transport_errc::corrupt_frame,
+                          "corrupt frame: the shm peer placed " +
+                            std::to_string(p.bytes) + " bytes at offset " +
+                            std::to_string(p.offset) + " of " + what + " of " +
+                            std::to_string(region) + " bytes");
+}
+
+/// Returns `entry` (a heap offset, or a device block's marked with
+/// device_block) to the writer of direction `in` through its free queue.
+/// Requires the segment's free_mutex.
+void push_freed(ring_control* in, std::uint64_t* queue, std::uint64_t slots,
+                std::uint64_t entry) {
+  auto head = in->freed_head.load(std::memory_order_relaxed);
+  auto tail = in->freed_tail.load(std::memory_order_acquire);
+  // Only a writer that placed more blocks than its heap holds fills the
+  // queue: that block stays lost to it.
+  if (head - tail >= slots)
+    return;
+  queue[head % slots] = entry;
+  in->freed_head.store(head + 1, std::memory_order_seq_cst);
+  if (in->writer_waiting.load(std::memory_order_seq_cst) != 0)
+    signal(in->space_seq);
+}
+
 } // namespace
+
+struct shm_link::device_memory {
+#if H2_HAS_CUDA
+  /// What this end shares (made on its first device payload).
+  std::unique_ptr<devices::cuda_shared_memory> shared;
+  /// The peer's, mapped on its first device placement.
+  std::unique_ptr<devices::cuda_mapped_memory> mapped;
+#endif
+  /// Sharing failed once (no memory, IPC unsupported): this end stages.
+  bool refused = false;
+};
 
 // Spins for `spin`, then sleeps on `seq`, counted in `waiting` so that
 // the other side wakes it, until `ready()` or until `seq` moves from
@@ -57,13 +104,15 @@ void shm_link::wait(Ready&& ready, std::atomic<std::uint32_t>& seq,
   }
 }
 
-
 shm_link::shm_link(std::shared_ptr<segment> seg, bool acceptor,
-         std::unique_ptr<socket_link> socket)
+                   std::unique_ptr<socket_link> socket, log_sink log)
     : segment_(std::move(seg)),
       socket_(std::move(socket)),
       sizes_(static_cast<segment_header*>(segment_->map)->sizes),
-      heap_(sizes_.heap_bytes, block_alignment) {
+      heap_(sizes_.heap_bytes, block_alignment),
+      device_heap_(sizes_.heap_bytes, block_alignment),
+      device_(std::make_unique<device_memory>()),
+      log_(std::move(log)) {
   auto* h = static_cast<segment_header*>(segment_->map);
   const int out = acceptor ? 0 : 1, in = 1 - out;
   out_ = &h->rings[out];
@@ -140,14 +189,9 @@ std::optional<wire::placement> shm_link::place(buffer_view payload) {
 }
 
 byte_link::adopted_payload shm_link::adopt(const wire::placement& p) {
-  const std::uint64_t heap = sizes_.heap_bytes;
-  if (p.bytes == 0 || p.offset % block_alignment != 0 || p.offset >= heap ||
-      p.bytes > heap - p.offset)
-    throw transport_error(transport_errc::corrupt_frame,
-                          "corrupt frame: the shm peer placed " +
-                            std::to_string(p.bytes) + " bytes at offset " +
-                            std::to_string(p.offset) + " of a heap of " +
-                            std::to_string(heap) + " bytes");
+  if (p.on_device)
+    return adopt_on_device(p);
+  check_placement(p, sizes_.heap_bytes, "a heap");
   {
     std::lock_guard<std::mutex> guard(segment_->free_mutex);
     if (!segment_->adopted.adopt(p.offset, p.bytes))
@@ -162,17 +206,127 @@ byte_link::adopted_payload shm_link::adopt(const wire::placement& p) {
            slots = sizes_.free_slots(), offset = p.offset] {
             std::lock_guard<std::mutex> guard(seg->free_mutex);
             seg->adopted.release(offset);
-            auto head = in->freed_head.load(std::memory_order_relaxed);
-            auto tail = in->freed_tail.load(std::memory_order_acquire);
-            // Only a writer that placed more blocks than its heap holds
-            // fills the queue: that block stays lost to it.
-            if (head - tail >= slots)
-              return;
-            queue[head % slots] = offset;
-            in->freed_head.store(head + 1, std::memory_order_seq_cst);
-            if (in->writer_waiting.load(std::memory_order_seq_cst) != 0)
-              signal(in->space_seq);
+            push_freed(in, queue, slots, offset);
           }};
+}
+
+// -- device memory (CUDA IPC; docs/transport.md, "Device memory")
+
+void* shm_link::shared_device_memory(int device) {
+#if H2_HAS_CUDA
+  if (device_->refused)
+    return nullptr;
+  if (!device_->shared) {
+    try {
+      device_->shared = std::make_unique<devices::cuda_shared_memory>(
+        device, static_cast<std::size_t>(sizes_.heap_bytes));
+    } catch (const device_error& e) {
+      device_->refused = true; // out of memory, or no IPC here: staged
+      if (log_)
+        log_(std::string("shm channel: ") + e.what() +
+             "; its device tensors go through pinned host memory instead");
+      return nullptr;
+    }
+    const auto& shared = *device_->shared;
+    out_->device_bytes = shared.size();
+    std::memset(out_->device_bus_id, 0, sizeof(out_->device_bus_id));
+    std::memcpy(
+      out_->device_bus_id, shared.pci_bus_id().data(),
+      std::min(shared.pci_bus_id().size(), sizeof(out_->device_bus_id) - 1));
+    std::memcpy(out_->device_handle, shared.handle().data(),
+                sizeof(out_->device_handle));
+    out_->device_state.store(1, std::memory_order_release);
+  }
+  if (device_->shared->device() != device)
+    return nullptr; // a tensor of another GPU than the chip's: staged
+  return device_->shared->data();
+#else
+  (void)device;
+  return nullptr;
+#endif
+}
+
+std::optional<wire::placement> shm_link::place_on_device(buffer_view payload,
+                                                         int device) {
+  if (payload.size < min_placed_bytes || payload.size > heap_.capacity())
+    return std::nullopt;
+  auto* base = static_cast<char*>(shared_device_memory(device));
+  if (base == nullptr)
+    return std::nullopt;
+  auto at = allocate_device_block(payload.size);
+  if (!at)
+    return std::nullopt;
+#if H2_HAS_CUDA
+  devices::copy_device_memory(base + *at, payload.data, payload.size, device);
+#endif
+  return wire::placement{*at, payload.size, true};
+}
+
+// The reader copies a device payload out as soon as it arrives, so a block
+// comes back within a frame or two; a writer that finds none waits that
+// long, then stages.
+std::optional<std::uint64_t>
+shm_link::allocate_device_block(std::uint64_t bytes) {
+  take_freed_blocks();
+  if (auto at = device_heap_.allocate(bytes))
+    return at;
+  if (!wait_for_free(std::chrono::steady_clock::now() + free_wait))
+    return std::nullopt;
+  take_freed_blocks();
+  return device_heap_.allocate(bytes);
+}
+
+byte_link::adopted_payload shm_link::adopt_on_device(const wire::placement& p) {
+  if (in_->device_state.load(std::memory_order_acquire) != 1)
+    throw transport_error(transport_errc::corrupt_frame,
+                          "corrupt frame: the shm peer placed a payload in "
+                          "device memory it never shared");
+  const std::uint64_t shared = in_->device_bytes;
+  if (shared != sizes_.heap_bytes ||
+      std::memchr(in_->device_bus_id, 0, sizeof(in_->device_bus_id)) == nullptr)
+    throw transport_error(transport_errc::corrupt_frame,
+                          "corrupt frame: the shm peer shared device memory "
+                          "of " +
+                            std::to_string(shared) + " bytes (its heap is " +
+                            std::to_string(sizes_.heap_bytes) +
+                            ") or no GPU bus id");
+  check_placement(p, shared, "device memory");
+#if H2_HAS_CUDA
+  if (!device_->mapped) {
+    devices::cuda_ipc_handle handle;
+    std::memcpy(handle.data(), in_->device_handle, handle.size());
+    try {
+      device_->mapped = std::make_unique<devices::cuda_mapped_memory>(
+        handle, std::string(in_->device_bus_id));
+    } catch (const device_error& e) {
+      throw transport_error(
+        transport_errc::protocol_mismatch,
+        std::string("the shm peer passes GPU tensors by CUDA IPC, which this "
+                    "process cannot map (") +
+          e.what() +
+          "); make its GPU visible here too, or set transport.cuda_ipc = "
+          "false");
+    }
+  }
+  if (device_->mapped->size() != 0 && device_->mapped->size() < shared)
+    throw transport_error(transport_errc::corrupt_frame,
+                          "corrupt frame: the shm peer shared " +
+                            std::to_string(device_->mapped->size()) +
+                            " bytes of device memory and claims " +
+                            std::to_string(shared));
+  return {static_cast<char*>(device_->mapped->data()) + p.offset,
+          [seg = segment_, in = in_, queue = in_free_,
+           slots = sizes_.free_slots(), offset = p.offset] {
+            std::lock_guard<std::mutex> guard(seg->free_mutex);
+            push_freed(in, queue, slots, offset | device_block);
+          },
+          device_->mapped->device()};
+#else
+  throw transport_error(transport_errc::protocol_mismatch,
+                        "the shm peer passes GPU tensors by CUDA IPC, and "
+                        "this build has no CUDA; set transport.cuda_ipc = "
+                        "false");
+#endif
 }
 
 std::size_t shm_link::read_some(void* data, std::size_t size) {
@@ -302,8 +456,13 @@ void shm_link::take_freed_blocks() noexcept {
     tail = head;
   if (tail != head)
     reader_holds_ = false;
-  for (; tail != head; ++tail)
-    (void)heap_.release(out_free_[tail % slots]);
+  for (; tail != head; ++tail) {
+    const std::uint64_t entry = out_free_[tail % slots];
+    if ((entry & device_block) != 0)
+      (void)device_heap_.release(entry & ~device_block);
+    else
+      (void)heap_.release(entry);
+  }
   out_->freed_tail.store(tail, std::memory_order_release);
 }
 

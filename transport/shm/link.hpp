@@ -5,6 +5,7 @@
 
 #include "segment.hpp"
 
+#include "h2/transport/report.hpp"
 #include "h2/transport/shm/block_heap.hpp"
 #include "h2/transport/socket_link.hpp"
 
@@ -27,13 +28,16 @@ class shm_link final : public byte_link {
 public:
   /// `acceptor`: which of the segment's two directions this end writes.
   /// `socket`, the bootstrap connection, stays open: its end tells this
-  /// end that the peer's process is gone.
+  /// end that the peer's process is gone. `log` hears that device memory
+  /// could not be shared (its tensors are staged then).
   shm_link(std::shared_ptr<segment> seg, bool acceptor,
-           std::unique_ptr<socket_link> socket);
+           std::unique_ptr<socket_link> socket, log_sink log = {});
   ~shm_link() override;
 
   void write(std::initializer_list<buffer_view> parts, deadline until) override;
   std::optional<wire::placement> place(buffer_view payload) override;
+  std::optional<wire::placement> place_on_device(buffer_view payload,
+                                                 int device) override;
   adopted_payload adopt(const wire::placement& p) override;
   std::size_t read_some(void* data, std::size_t size) override;
   std::uint32_t wake_count() const noexcept override;
@@ -45,10 +49,25 @@ public:
   std::string peer() const override { return "(same host)"; }
 
 private:
+  /// The device memory this end shares and the peer's it mapped (CUDA
+  /// IPC; defined in link.cpp).
+  struct device_memory;
+
   bool readable() const noexcept;
+
+  /// The peer's device placement `p`, mapped (adopt()).
+  adopted_payload adopt_on_device(const wire::placement& p);
+
+  /// This end's shared memory on `device`, made and published on first
+  /// use; null when it cannot be (the payloads are staged then).
+  void* shared_device_memory(int device);
 
   /// A block of the heap for `bytes`, or nullopt (the payload streams).
   std::optional<std::uint64_t> allocate_block(std::uint64_t bytes);
+
+  /// A block of the shared device memory for `bytes`, waiting up to
+  /// free_wait for the reader to return one; nullopt (staged) past it.
+  std::optional<std::uint64_t> allocate_device_block(std::uint64_t bytes);
 
   /// Waits until the reader returned a block or `until`; false at `until`.
   bool wait_for_free(std::chrono::steady_clock::time_point until);
@@ -69,6 +88,10 @@ private:
   std::unique_ptr<socket_link> socket_; ///< kept open: tells peer death
   segment_sizes sizes_;
   block_heap heap_; ///< the blocks of out_heap_ (this end writes them)
+  /// The blocks of the device memory this end shares (as large as heap_).
+  block_heap device_heap_;
+  std::unique_ptr<device_memory> device_;
+  log_sink log_;
   ring_control* out_;
   ring_control* in_;
   char* out_data_;

@@ -54,7 +54,11 @@ private:
 /// the writer finds the ring full). Large tensor payloads go to blocks of
 /// the heap instead (block_heap, the writer's); the reader frees a block by
 /// pushing its offset to the free queue: freed_head counts pushes (the
-/// reader's), freed_tail the writer's takes.
+/// reader's), freed_tail the writer's takes. A writer whose chip is a CUDA
+/// GPU may also place tensors in device memory it shares by CUDA IPC
+/// (docs/transport.md, "Device memory"): it publishes the memory once
+/// (device_state, after the fields it covers), and its blocks come back
+/// through the same free queue, marked with device_block.
 struct ring_control {
   alignas(64) std::atomic<std::uint64_t> head{0};
   alignas(64) std::atomic<std::uint64_t> tail{0};
@@ -67,7 +71,17 @@ struct ring_control {
   std::atomic<std::uint32_t> reader_closed{0};
   alignas(64) std::atomic<std::uint64_t> freed_head{0};
   alignas(64) std::atomic<std::uint64_t> freed_tail{0};
+  /// 1 once the writer's shared device memory below is set.
+  alignas(64) std::atomic<std::uint32_t> device_state{0};
+  std::uint64_t device_bytes = 0;
+  /// The GPU's PCI bus id, NUL-terminated ("0000:3b:00.0").
+  char device_bus_id[16] = {};
+  /// Its cudaIpcMemHandle_t.
+  std::byte device_handle[64] = {};
 };
+
+/// Marks a free queue entry as a block of the writer's device memory.
+constexpr std::uint64_t device_block = std::uint64_t{1} << 63;
 
 constexpr std::uint64_t segment_magic = 0x6d68735f4432480bULL;
 constexpr std::size_t control_bytes = 4096;
@@ -86,8 +100,11 @@ struct segment_sizes {
   std::uint64_t heap_bytes = 0; ///< each direction's heap (0: none)
 
   /// Entries of each direction's free queue: more blocks than this cannot
-  /// be live at once.
-  std::uint64_t free_slots() const { return heap_bytes / min_placed_bytes; }
+  /// be live at once (of the heap, and as many of the device memory, whose
+  /// size is the heap's).
+  std::uint64_t free_slots() const {
+    return 2 * (heap_bytes / min_placed_bytes);
+  }
 
   static std::uint64_t pages(std::uint64_t bytes) {
     return (bytes + 4095) / 4096 * 4096;

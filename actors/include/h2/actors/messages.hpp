@@ -61,7 +61,8 @@ typename Inspector::result_type inspect(Inspector& f, memory_report& x) {
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, channel_traffic& x) {
-  return f(caf::meta::type_name("channel_traffic"), x.peer, x.sent, x.received);
+  return f(caf::meta::type_name("channel_traffic"), x.peer, x.sent, x.received,
+           x.sent_on_device);
 }
 
 template <class Inspector>

@@ -145,6 +145,9 @@ struct transport_config {
   std::string backend = "auto";
   /// CRC32C of every payload (the header always has one).
   bool crc = false;
+  /// Shared-memory channels between two CUDA chips pass device tensors by
+  /// CUDA IPC (false: through pinned host memory).
+  bool cuda_ipc = true;
   /// Bytes of each direction of a shared-memory channel's ring.
   std::uint64_t shm_ring_bytes = std::uint64_t{16} << 20;
   /// Bytes of each direction's shared-memory heap: tensors of 64 KiB and

@@ -44,11 +44,17 @@ assign_links(const plan& p,
              const std::map<int, transport::endpoint_address>& addresses,
              std::string_view forced);
 
+/// Whether a channel of `backend` between chips `a` and `b` passes device
+/// tensors in device memory: shm between two CUDA chips, unless the job
+/// turned it off (`cuda_ipc`, job key transport.cuda_ipc). Pure.
+bool shares_device_memory(const chip_spec& a, const chip_spec& b,
+                          std::string_view backend, bool cuda_ipc);
+
 /// How a channel of `backend` between chips `a` and `b` carries a GPU chip's
 /// tensors (docs/transport.md, "Device memory"); "" when neither chip is
 /// a GPU (`cuda`/`hip`): everything is host memory then. Pure.
 std::string device_path(const chip_spec& a, const chip_spec& b,
-                        std::string_view backend);
+                        std::string_view backend, bool cuda_ipc);
 
 /// What each channel of plan `p` takes from its peer (docs/transport.md,
 /// Bounds):

@@ -56,6 +56,9 @@ struct channel_traffic {
   chip_id peer;
   std::uint64_t sent = 0;
   std::uint64_t received = 0;
+  /// Of `sent`, bytes that left from device memory, not staged through
+  /// host memory (CUDA IPC, rdma device-direct).
+  std::uint64_t sent_on_device = 0;
 };
 
 /// One layer's share of a step's charged compute: seconds of one

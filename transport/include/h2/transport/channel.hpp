@@ -126,6 +126,9 @@ struct channel_stats {
   std::uint64_t messages_received = 0;
   std::uint64_t bytes_sent = 0;
   std::uint64_t bytes_received = 0;
+  /// Of bytes_sent, those that left from device memory rather than staged
+  /// through host memory (CUDA IPC, rdma's device-direct path).
+  std::uint64_t bytes_sent_on_device = 0;
 };
 
 class channel {
@@ -159,6 +162,14 @@ public:
   /// Bounds what the peer may send from now on. The in-process backend's
   /// peer is this process: it ignores them.
   virtual void set_limits(const channel_limits&) {}
+
+  /// Whether this end may pass its CUDA tensors to the peer in device
+  /// memory (shm between CUDA chips of one host: CUDA IPC; docs/
+  /// transport.md, "Device memory"); they go through pinned host memory
+  /// otherwise. The runtime turns it on where the peer's chip is a CUDA GPU
+  /// too (job key transport.cuda_ipc). Backends that cannot pass device
+  /// memory ignore it.
+  virtual void set_device_sharing(bool) {}
 };
 
 // ---------------------------------------------------------------------------

@@ -51,6 +51,7 @@ public:
   std::string_view backend() const noexcept override;
   channel_stats stats() const override;
   void set_limits(const channel_limits& limits) override;
+  void set_device_sharing(bool on) override;
 
 private:
   class receiver;
@@ -62,8 +63,10 @@ private:
   std::shared_ptr<receiver> receiver_;
   std::mutex write_mutex_;
   std::atomic<bool> closed_{false};
+  std::atomic<bool> device_sharing_{false};
   std::atomic<std::uint64_t> messages_sent_{0};
   std::atomic<std::uint64_t> bytes_sent_{0};
+  std::atomic<std::uint64_t> bytes_sent_on_device_{0};
   std::thread reader_;
 };
 

@@ -112,17 +112,40 @@ public:
   /// refers to the placement.
   virtual std::optional<wire::placement> place(buffer_view payload);
 
+  /// Copies `payload`, device memory of CUDA device `device` (this
+  /// process's ordinal), to where the peer can copy it onto its GPU (shm:
+  /// device memory this end shares by CUDA IPC) and says where
+  /// (placement::on_device); nullopt when this link does not pass device
+  /// memory, the payload is too small or there is no room: the caller
+  /// stages it through host memory then. The copy waits for the device's
+  /// work. Called by the writing thread, before it writes the frame that
+  /// refers to the placement. Throws device_error when the GPU fails.
+  virtual std::optional<wire::placement> place_on_device(buffer_view payload,
+                                                         int device);
+
+  /// Whether write() takes `payload`, device memory, as it is and sends it
+  /// straight from the device (rdma: 64 KiB or more of an allocation that
+  /// registers as a dma-buf, the device-direct path); false, the default,
+  /// where it must be staged through host memory. The caller waits for the
+  /// device's work before the write. Called by the writing thread.
+  virtual bool writes_from_device(buffer_view payload);
+
   /// Memory the peer placed a payload in. `release()` must be called once
   /// when the memory is no longer used (from any thread, also after the
   /// link is gone); until then the peer does not reuse it.
   struct adopted_payload {
     void* data = nullptr;
     std::function<void()> release;
+    /// The CUDA device (this process's ordinal) whose memory `data` is;
+    /// -1 for host memory. Device memory is copied out and released at
+    /// once, not adopted as the tensor's.
+    int device = -1;
   };
 
-  /// Takes the payload the peer placed at `p`. Throws transport_error
-  /// (corrupt_frame) for a placement this link never makes or one outside
-  /// the memory the peer may use.
+  /// Takes the payload the peer placed at `p`. Throws transport_error:
+  /// corrupt_frame for a placement this link never makes or one outside
+  /// the memory the peer may use, protocol_mismatch for device memory this
+  /// process cannot map.
   virtual adopted_payload adopt(const wire::placement& p);
 };
 

@@ -17,8 +17,9 @@
 //   40 u32 payload CRC32C (when flags has payload_crc)
 //
 // When flags has `placed`, the link carried the payload outside the stream
-// (shm: in a block of the reader's part of the shared segment) and a
-// 16-byte placement record follows the header instead:
+// (shm: in a block of the reader's part of the shared segment, or with
+// `on_device` of the writer's shared device memory) and a 16-byte
+// placement record follows the header instead:
 //   0  u64 offset              8  u64 bytes (equal to the header's)
 #pragma once
 
@@ -47,7 +48,11 @@ constexpr std::uint8_t tensor = 1;      ///< payload is a tensor's data
 constexpr std::uint8_t payload_crc = 2; ///< payload_crc is set
 /// A placement record follows instead of the payload (tensors only).
 constexpr std::uint8_t placed = 4;
-constexpr std::uint8_t all = tensor | payload_crc | placed;
+/// The placement is in the writer's shared device memory rather than in
+/// host memory (shm between CUDA chips: CUDA IPC); only with `placed`, never
+/// with `payload_crc` (checksums are the host's).
+constexpr std::uint8_t on_device = 8;
+constexpr std::uint8_t all = tensor | payload_crc | placed | on_device;
 } // namespace flag
 
 /// Element types a tensor payload may have.
@@ -106,10 +111,13 @@ void encode(const frame_header& h, std::byte* out) noexcept;
 frame_header decode(const std::byte* in, std::uint64_t max_payload_bytes);
 
 /// Where a link put a payload outside the stream; what offset means is the
-/// link's (shm: bytes from the start of the reader's heap).
+/// link's (shm: bytes from the start of the reader's heap, or of the
+/// writer's shared device memory when `on_device`).
 struct placement {
   std::uint64_t offset = 0;
   std::uint64_t bytes = 0;
+  /// In device memory: the header's flag::on_device, not in the record.
+  bool on_device = false;
 };
 
 constexpr std::size_t placement_bytes = 16;

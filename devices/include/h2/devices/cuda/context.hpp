@@ -8,9 +8,11 @@
 
 #include "h2/devices/device_context.hpp"
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <optional>
+#include <string>
 
 namespace h2::devices {
 
@@ -83,5 +85,79 @@ struct cuda_dmabuf {
 /// Thread-safe.
 std::optional<cuda_dmabuf>
 export_cuda_dmabuf(const cuda_allocation& a) noexcept;
+
+// -- CUDA IPC: device memory shared with another process of this host (the
+// shm channels between CUDA chips; docs/transport.md, "Device memory").
+
+/// The bytes of a cudaIpcMemHandle_t.
+using cuda_ipc_handle = std::array<std::byte, 64>;
+
+/// Device memory of this process that other processes of this host may map:
+/// a cudaMalloc outside libtorch's caching allocator (an exported allocation
+/// must never be handed to another tensor), freed with the object.
+class cuda_shared_memory {
+public:
+  /// `bytes` on device `device`, exported. Throws device_error:
+  /// out_of_memory, or unavailable naming the CUDA error (no such device,
+  /// no driver, IPC not supported).
+  cuda_shared_memory(int device, std::size_t bytes);
+  ~cuda_shared_memory();
+  cuda_shared_memory(const cuda_shared_memory&) = delete;
+  cuda_shared_memory& operator=(const cuda_shared_memory&) = delete;
+
+  void* data() const noexcept { return data_; }
+  std::size_t size() const noexcept { return bytes_; }
+  int device() const noexcept { return device_; }
+  const cuda_ipc_handle& handle() const noexcept { return handle_; }
+  /// The device's PCI bus id ("0000:3b:00.0"): how the peer finds the
+  /// device whatever its own device numbering (CUDA_VISIBLE_DEVICES).
+  const std::string& pci_bus_id() const noexcept { return pci_bus_id_; }
+
+private:
+  void* data_ = nullptr;
+  std::size_t bytes_ = 0;
+  int device_ = 0;
+  cuda_ipc_handle handle_{};
+  std::string pci_bus_id_;
+};
+
+/// Another process's cuda_shared_memory, mapped into this one until the
+/// object goes.
+class cuda_mapped_memory {
+public:
+  /// Maps `handle` on the device at `pci_bus_id`. Throws
+  /// device_error(unavailable) when that device is not visible here or the
+  /// driver refuses the handle, naming the CUDA error.
+  cuda_mapped_memory(const cuda_ipc_handle& handle,
+                     const std::string& pci_bus_id);
+  ~cuda_mapped_memory();
+  cuda_mapped_memory(const cuda_mapped_memory&) = delete;
+  cuda_mapped_memory& operator=(const cuda_mapped_memory&) = delete;
+
+  void* data() const noexcept { return data_; }
+  /// The device's ordinal in this process.
+  int device() const noexcept { return device_; }
+  /// Bytes the exporter allocated, as the driver tells (0: it did not).
+  std::size_t size() const noexcept { return bytes_; }
+
+private:
+  void* data_ = nullptr;
+  int device_ = 0;
+  std::size_t bytes_ = 0;
+};
+
+/// Returns once every stream of device `device` has finished its work (a
+/// NIC is about to read what kernels wrote). The calling thread's current
+/// device is left as it was. Throws device_error(invalid) naming the CUDA
+/// error.
+void synchronize_cuda_device(int device);
+
+/// Copies `bytes` from `src` to `dst`, device memory that device `device`
+/// reaches, once every stream of the device has finished its work (the
+/// copy reads what kernels wrote and may write where kernels read), and
+/// returns when the copy is done. The calling thread's current device is
+/// left as it was. Throws device_error(invalid) naming the CUDA error.
+void copy_device_memory(void* dst, const void* src, std::size_t bytes,
+                        int device);
 
 } // namespace h2::devices
