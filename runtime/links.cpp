@@ -104,9 +104,10 @@ void wire_channels(
     auto& link = setup->peers.at(peer);
     link.channel = ch;
     link.profile = job.find_chip(peer)->profile;
-    if (shares_device_memory(*job.find_chip(local), *job.find_chip(peer),
-                             ch->backend(), job.transport.cuda_ipc))
-      ch->set_device_sharing(true);
+    const chip_spec& chip = *job.find_chip(local);
+    if (shares_device_memory(chip, *job.find_chip(peer), ch->backend(),
+                             job.transport.cuda_ipc))
+      ch->share_device_memory(chip.device_index);
     if (keep)
       keep(link.channel);
   };

@@ -720,8 +720,9 @@ void framed_channel::close() noexcept {
   receiver_->stop();
 }
 
-void framed_channel::set_device_sharing(bool on) {
-  device_sharing_.store(on, std::memory_order_relaxed);
+void framed_channel::share_device_memory(int device) {
+  link_->set_device(device);
+  device_sharing_.store(true, std::memory_order_relaxed);
 }
 
 void framed_channel::set_limits(const channel_limits& limits) {

@@ -200,10 +200,12 @@ struct driver_api {
   decltype(&::cuDeviceGet) device_get = nullptr;
   decltype(&::cuDeviceGetAttribute) device_attribute = nullptr;
   decltype(&::cuMemGetHandleForAddressRange) range_handle = nullptr;
+  decltype(&::cuCtxGetCurrent) current_context = nullptr;
 
   bool usable() const noexcept {
     return pointer_attribute != nullptr && device_get != nullptr &&
-           device_attribute != nullptr && range_handle != nullptr;
+           device_attribute != nullptr && range_handle != nullptr &&
+           current_context != nullptr;
   }
 };
 
@@ -228,6 +230,8 @@ const driver_api* driver() noexcept {
       ::dlsym(lib, "cuDeviceGetAttribute"));
     a.range_handle = reinterpret_cast<decltype(a.range_handle)>(
       ::dlsym(lib, "cuMemGetHandleForAddressRange"));
+    a.current_context = reinterpret_cast<decltype(a.current_context)>(
+      ::dlsym(lib, "cuCtxGetCurrent"));
     return a;
   }();
   if (!api.usable())
@@ -310,11 +314,16 @@ export_cuda_dmabuf(const cuda_allocation& a) noexcept {
 namespace {
 
 /// The calling thread's current device, restored when the guard goes: the
-/// transport's copies run on stage threads bound to their own chip.
+/// transport's copies run on stage threads bound to their own chip. A
+/// thread without a current context is left on the device used (restoring
+/// "device 0" would create a context there).
 class device_restorer {
 public:
   device_restorer() noexcept {
-    if (cudaGetDevice(&previous_) != cudaSuccess)
+    const driver_api* api = driver();
+    CUcontext current = nullptr;
+    if (api == nullptr || api->current_context(&current) != CUDA_SUCCESS ||
+        current == nullptr || cudaGetDevice(&previous_) != cudaSuccess)
       previous_ = -1;
   }
   ~device_restorer() {
@@ -374,28 +383,55 @@ cuda_shared_memory::~cuda_shared_memory() {
 }
 
 cuda_mapped_memory::cuda_mapped_memory(const cuda_ipc_handle& handle,
-                                       const std::string& pci_bus_id) {
+                                       const std::string& pci_bus_id,
+                                       int device) {
   device_restorer restore;
-  auto fail = [&](const char* call, cudaError_t rc) {
-    cudaGetLastError();
-    throw device_error(
-      device_errc::unavailable,
-      "mapping the device memory of GPU " + pci_bus_id +
-        " that another process shared: " + cuda_failure(call, rc));
-  };
-  cudaError_t rc = cudaDeviceGetByPCIBusId(&device_, pci_bus_id.c_str());
-  if (rc != cudaSuccess)
-    fail("cudaDeviceGetByPCIBusId (is the GPU visible to this process? "
-         "CUDA_VISIBLE_DEVICES)",
-         rc);
-  rc = cudaSetDevice(device_);
-  if (rc != cudaSuccess)
-    fail("cudaSetDevice", rc);
   cudaIpcMemHandle_t h;
   std::memcpy(&h, handle.data(), sizeof(h));
-  rc = cudaIpcOpenMemHandle(&data_, h, cudaIpcMemLazyEnablePeerAccess);
-  if (rc != cudaSuccess)
-    fail("cudaIpcOpenMemHandle", rc);
+  // On `on`: its context opens the handle, enabling peer access to the GPU
+  // the memory lives on when that is another.
+  auto open_on = [&](int on) -> std::optional<std::string> {
+    cudaError_t rc = cudaSetDevice(on);
+    if (rc == cudaSuccess)
+      rc = cudaIpcOpenMemHandle(&data_, h, cudaIpcMemLazyEnablePeerAccess);
+    if (rc == cudaSuccess) {
+      device_ = on;
+      return std::nullopt;
+    }
+    cudaGetLastError();
+    return "cuda:" + std::to_string(on) + ": " +
+           cuda_failure("cudaIpcOpenMemHandle", rc);
+  };
+  std::string why;
+  if (device >= 0) {
+    auto failed = open_on(device);
+    if (!failed) {
+      record_size();
+      return;
+    }
+    why = *failed + "; ";
+  }
+  int home = -1;
+  cudaError_t rc = cudaDeviceGetByPCIBusId(&home, pci_bus_id.c_str());
+  if (rc != cudaSuccess) {
+    cudaGetLastError();
+    why += cuda_failure("cudaDeviceGetByPCIBusId (is the GPU visible to this "
+                        "process? CUDA_VISIBLE_DEVICES)",
+                        rc);
+  } else if (home != device) {
+    auto failed = open_on(home);
+    if (!failed) {
+      record_size();
+      return;
+    }
+    why += *failed;
+  }
+  throw device_error(device_errc::unavailable,
+                     "mapping the device memory of GPU " + pci_bus_id +
+                       " that another process shared: " + why);
+}
+
+void cuda_mapped_memory::record_size() noexcept {
   if (auto a = find_cuda_allocation(data_))
     bytes_ = a->bytes;
 }

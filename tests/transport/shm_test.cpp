@@ -121,7 +121,7 @@ TEST(transport_shm, held_blocks_are_kept_and_a_full_heap_streams) {
 
 TEST(transport_shm, device_sharing_leaves_host_tensors_in_the_segment) {
   auto [a, b] = shm_pair(std::uint64_t{16} << 20);
-  a->set_device_sharing(true); // as between two CUDA chips
+  a->share_device_memory(0); // as between two CUDA chips
   auto sent = counting(1 << 18, 3);
   a->send(tensor_message(3, sent));
   auto got = b->recv(3, patience).tensor;

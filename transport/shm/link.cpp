@@ -10,9 +10,13 @@
 #endif
 
 #include <algorithm>
+#include <cerrno>
+#include <csignal>
 #include <cstring>
 #include <mutex>
 #include <string>
+#include <sys/socket.h>
+#include <thread>
 
 namespace h2::transport::shm {
 
@@ -23,6 +27,18 @@ constexpr std::chrono::microseconds spin_wanted{50};
 /// The longest a writer waits for the reader to free a heap block it has
 /// used before rather than take fresh memory (shm_link::allocate_block).
 constexpr std::chrono::milliseconds free_wait{2};
+/// The longest a closing end waits for its peer to unmap the device
+/// memory it shares (shm_link::release_device_memory).
+constexpr std::chrono::seconds unmap_wait{5};
+
+/// The process at the other end of Unix socket `fd`; 0 when unknown.
+int peer_process(int fd) noexcept {
+  ucred cred{};
+  socklen_t len = sizeof(cred);
+  if (::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0)
+    return 0;
+  return cred.pid;
+}
 
 /// Throws corrupt_frame unless the peer's placement `p` is a block of
 /// `region` bytes (`what`: "a heap", "device memory").
@@ -112,6 +128,7 @@ shm_link::shm_link(std::shared_ptr<segment> seg, bool acceptor,
       heap_(sizes_.heap_bytes, block_alignment),
       device_heap_(sizes_.heap_bytes, block_alignment),
       device_(std::make_unique<device_memory>()),
+      peer_pid_(peer_process(socket_->fd())),
       log_(std::move(log)) {
   auto* h = static_cast<segment_header*>(segment_->map);
   const int out = acceptor ? 0 : 1, in = 1 - out;
@@ -129,6 +146,7 @@ shm_link::shm_link(std::shared_ptr<segment> seg, bool acceptor,
 
 shm_link::~shm_link() {
   shutdown();
+  release_device_memory();
 }
 
 void shm_link::write(std::initializer_list<buffer_view> parts, deadline until) {
@@ -212,6 +230,39 @@ byte_link::adopted_payload shm_link::adopt(const wire::placement& p) {
 
 // -- device memory (CUDA IPC; docs/transport.md, "Device memory")
 
+void shm_link::set_device(int device) {
+  local_device_.store(device, std::memory_order_relaxed);
+}
+
+void shm_link::release_device_memory() noexcept {
+#if H2_HAS_CUDA
+  if (device_->mapped) {
+    device_->mapped.reset();
+    in_->device_mapped.store(2, std::memory_order_release);
+  }
+  if (!device_->shared)
+    return;
+  auto peer_alive = [&] {
+    return peer_pid_ <= 0 || ::kill(peer_pid_, 0) == 0 || errno != ESRCH;
+  };
+  const auto until = std::chrono::steady_clock::now() + unmap_wait;
+  while (out_->device_mapped.load(std::memory_order_acquire) == 1 &&
+         peer_alive() && std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  if (out_->device_mapped.load(std::memory_order_acquire) == 1 &&
+      peer_alive()) {
+    // Freeing memory another process maps is undefined: keep it.
+    if (log_)
+      log_("shm channel: the peer still maps the " +
+           std::to_string(device_->shared->size()) +
+           " bytes of cuda:" + std::to_string(device_->shared->device()) +
+           " this end shared; they stay allocated");
+    (void)device_->shared.release();
+  }
+  device_->shared.reset();
+#endif
+}
+
 void* shm_link::shared_device_memory(int device) {
 #if H2_HAS_CUDA
   if (device_->refused)
@@ -257,7 +308,12 @@ std::optional<wire::placement> shm_link::place_on_device(buffer_view payload,
   if (!at)
     return std::nullopt;
 #if H2_HAS_CUDA
-  devices::copy_device_memory(base + *at, payload.data, payload.size, device);
+  try {
+    devices::copy_device_memory(base + *at, payload.data, payload.size, device);
+  } catch (...) {
+    (void)device_heap_.release(*at);
+    throw;
+  }
 #endif
   return wire::placement{*at, payload.size, true};
 }
@@ -281,9 +337,12 @@ byte_link::adopted_payload shm_link::adopt_on_device(const wire::placement& p) {
     throw transport_error(transport_errc::corrupt_frame,
                           "corrupt frame: the shm peer placed a payload in "
                           "device memory it never shared");
+  // Read once: the peer may write the segment meanwhile.
   const std::uint64_t shared = in_->device_bytes;
+  char bus_id[sizeof(in_->device_bus_id)];
+  std::memcpy(bus_id, in_->device_bus_id, sizeof(bus_id));
   if (shared != sizes_.heap_bytes ||
-      std::memchr(in_->device_bus_id, 0, sizeof(in_->device_bus_id)) == nullptr)
+      std::memchr(bus_id, 0, sizeof(bus_id)) == nullptr)
     throw transport_error(transport_errc::corrupt_frame,
                           "corrupt frame: the shm peer shared device memory "
                           "of " +
@@ -297,15 +356,17 @@ byte_link::adopted_payload shm_link::adopt_on_device(const wire::placement& p) {
     std::memcpy(handle.data(), in_->device_handle, handle.size());
     try {
       device_->mapped = std::make_unique<devices::cuda_mapped_memory>(
-        handle, std::string(in_->device_bus_id));
+        handle, std::string(bus_id),
+        local_device_.load(std::memory_order_relaxed));
+      in_->device_mapped.store(1, std::memory_order_release);
     } catch (const device_error& e) {
       throw transport_error(
         transport_errc::protocol_mismatch,
         std::string("the shm peer passes GPU tensors by CUDA IPC, which this "
                     "process cannot map (") +
           e.what() +
-          "); make its GPU visible here too, or set transport.cuda_ipc = "
-          "false");
+          "); let the two GPUs access each other, make the peer's GPU "
+          "visible to this process, or set transport.cuda_ipc = false");
     }
   }
   if (device_->mapped->size() != 0 && device_->mapped->size() < shared)
@@ -454,14 +515,14 @@ void shm_link::take_freed_blocks() noexcept {
   std::uint64_t tail = out_->freed_tail.load(std::memory_order_relaxed);
   if (head - tail > slots) // a corrupt reader: skip what it claims
     tail = head;
-  if (tail != head)
-    reader_holds_ = false;
   for (; tail != head; ++tail) {
     const std::uint64_t entry = out_free_[tail % slots];
-    if ((entry & device_block) != 0)
+    if ((entry & device_block) != 0) {
       (void)device_heap_.release(entry & ~device_block);
-    else
+    } else {
       (void)heap_.release(entry);
+      reader_holds_ = false;
+    }
   }
   out_->freed_tail.store(tail, std::memory_order_release);
 }

@@ -38,6 +38,7 @@ public:
   std::optional<wire::placement> place(buffer_view payload) override;
   std::optional<wire::placement> place_on_device(buffer_view payload,
                                                  int device) override;
+  void set_device(int device) override;
   adopted_payload adopt(const wire::placement& p) override;
   std::size_t read_some(void* data, std::size_t size) override;
   std::uint32_t wake_count() const noexcept override;
@@ -57,6 +58,11 @@ private:
 
   /// The peer's device placement `p`, mapped (adopt()).
   adopted_payload adopt_on_device(const wire::placement& p);
+
+  /// At the end: unmaps the peer's device memory and says so, then frees
+  /// this end's once the peer unmapped it too (or its process is gone);
+  /// memory the peer still maps after a while is kept, not freed.
+  void release_device_memory() noexcept;
 
   /// This end's shared memory on `device`, made and published on first
   /// use; null when it cannot be (the payloads are staged then).
@@ -91,6 +97,10 @@ private:
   /// The blocks of the device memory this end shares (as large as heap_).
   block_heap device_heap_;
   std::unique_ptr<device_memory> device_;
+  /// The chip's CUDA device, for the peer's device payloads (-1: unset).
+  std::atomic<int> local_device_{-1};
+  /// The peer's process (SO_PEERCRED; 0 when unknown).
+  int peer_pid_ = 0;
   log_sink log_;
   ring_control* out_;
   ring_control* in_;

@@ -57,8 +57,9 @@ private:
 /// reader's), freed_tail the writer's takes. A writer whose chip is a CUDA
 /// GPU may also place tensors in device memory it shares by CUDA IPC
 /// (docs/transport.md, "Device memory"): it publishes the memory once
-/// (device_state, after the fields it covers), and its blocks come back
-/// through the same free queue, marked with device_block.
+/// (device_state, after the fields it covers), its blocks come back
+/// through the same free queue, marked with device_block, and the reader
+/// says when it no longer maps the memory (device_mapped).
 struct ring_control {
   alignas(64) std::atomic<std::uint64_t> head{0};
   alignas(64) std::atomic<std::uint64_t> tail{0};
@@ -78,6 +79,9 @@ struct ring_control {
   char device_bus_id[16] = {};
   /// Its cudaIpcMemHandle_t.
   std::byte device_handle[64] = {};
+  /// The reader's: 1 once it mapped that memory, 2 once it unmapped it (the
+  /// writer frees it only then, or once the reader's process is gone).
+  std::atomic<std::uint32_t> device_mapped{0};
 };
 
 /// Marks a free queue entry as a block of the writer's device memory.

@@ -163,13 +163,14 @@ public:
   /// peer is this process: it ignores them.
   virtual void set_limits(const channel_limits&) {}
 
-  /// Whether this end may pass its CUDA tensors to the peer in device
-  /// memory (shm between CUDA chips of one host: CUDA IPC; docs/
-  /// transport.md, "Device memory"); they go through pinned host memory
-  /// otherwise. The runtime turns it on where the peer's chip is a CUDA GPU
-  /// too (job key transport.cuda_ipc). Backends that cannot pass device
-  /// memory ignore it.
-  virtual void set_device_sharing(bool) {}
+  /// Passes this end's CUDA tensors to the peer in device memory, and lands
+  /// those the peer passes so on CUDA device `device` (this end's chip's
+  /// ordinal): shm between CUDA chips of one host, by CUDA IPC
+  /// (docs/transport.md, "Device memory"). Without it they go through
+  /// pinned host memory. The runtime calls it where both chips are CUDA
+  /// GPUs (job key transport.cuda_ipc), before either sends. Backends that
+  /// cannot pass device memory ignore it.
+  virtual void share_device_memory(int /*device*/) {}
 };
 
 // ---------------------------------------------------------------------------

@@ -51,7 +51,7 @@ public:
   std::string_view backend() const noexcept override;
   channel_stats stats() const override;
   void set_limits(const channel_limits& limits) override;
-  void set_device_sharing(bool on) override;
+  void share_device_memory(int device) override;
 
 private:
   class receiver;

@@ -123,6 +123,11 @@ public:
   virtual std::optional<wire::placement> place_on_device(buffer_view payload,
                                                          int device);
 
+  /// The CUDA device (this process's ordinal) of this end's chip: device
+  /// memory the peer shares is mapped there, and what it passes lands
+  /// there (shm). Thread-safe; links that pass no device memory ignore it.
+  virtual void set_device(int /*device*/) {}
+
   /// Whether write() takes `payload`, device memory, as it is and sends it
   /// straight from the device (rdma: 64 KiB or more of an allocation that
   /// registers as a dma-buf, the device-direct path); false, the default,

@@ -125,11 +125,13 @@ private:
 /// object goes.
 class cuda_mapped_memory {
 public:
-  /// Maps `handle` on the device at `pci_bus_id`. Throws
-  /// device_error(unavailable) when that device is not visible here or the
-  /// driver refuses the handle, naming the CUDA error.
+  /// Maps `handle`, shared from the GPU at `pci_bus_id`, on device
+  /// `device` (this process's ordinal; peer access is enabled when that is
+  /// another GPU), else on the GPU it lives on when that is visible here.
+  /// `device` -1: on that GPU only. Throws device_error(unavailable) when
+  /// neither works, naming the CUDA errors.
   cuda_mapped_memory(const cuda_ipc_handle& handle,
-                     const std::string& pci_bus_id);
+                     const std::string& pci_bus_id, int device = -1);
   ~cuda_mapped_memory();
   cuda_mapped_memory(const cuda_mapped_memory&) = delete;
   cuda_mapped_memory& operator=(const cuda_mapped_memory&) = delete;
@@ -141,6 +143,9 @@ public:
   std::size_t size() const noexcept { return bytes_; }
 
 private:
+  /// size() from the driver, once mapped.
+  void record_size() noexcept;
+
   void* data_ = nullptr;
   int device_ = 0;
   std::size_t bytes_ = 0;
