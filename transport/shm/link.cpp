@@ -238,18 +238,20 @@ void shm_link::release_device_memory() noexcept {
 #if H2_HAS_CUDA
   if (device_->mapped) {
     device_->mapped.reset();
-    in_->device_mapped.store(2, std::memory_order_release);
+    in_->device_mapped.store(2, std::memory_order_seq_cst);
   }
   if (!device_->shared)
     return;
   auto peer_alive = [&] {
     return peer_pid_ <= 0 || ::kill(peer_pid_, 0) == 0 || errno != ESRCH;
   };
+  // shutdown() marked this end closed before: Dekker with
+  // adopt_on_device().
   const auto until = std::chrono::steady_clock::now() + unmap_wait;
-  while (out_->device_mapped.load(std::memory_order_acquire) == 1 &&
+  while (out_->device_mapped.load(std::memory_order_seq_cst) == 1 &&
          peer_alive() && std::chrono::steady_clock::now() < until)
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  if (out_->device_mapped.load(std::memory_order_acquire) == 1 &&
+  if (out_->device_mapped.load(std::memory_order_seq_cst) == 1 &&
       peer_alive()) {
     // Freeing memory another process maps is undefined: keep it.
     if (log_)
@@ -352,14 +354,25 @@ byte_link::adopted_payload shm_link::adopt_on_device(const wire::placement& p) {
   check_placement(p, shared, "device memory");
 #if H2_HAS_CUDA
   if (!device_->mapped) {
+    // Dekker with release_device_memory(): either the peer sees this end
+    // mapping and keeps its memory, or this end sees the peer closed (it
+    // frees the memory) and takes nothing.
+    in_->device_mapped.store(1, std::memory_order_seq_cst);
+    if (in_->writer_closed.load(std::memory_order_seq_cst) != 0) {
+      in_->device_mapped.store(2, std::memory_order_seq_cst);
+      throw transport_error(transport_errc::peer_closed,
+                            "shm peer " + peer() +
+                              " closed the channel before its device "
+                              "payload was taken");
+    }
     devices::cuda_ipc_handle handle;
     std::memcpy(handle.data(), in_->device_handle, handle.size());
     try {
       device_->mapped = std::make_unique<devices::cuda_mapped_memory>(
         handle, std::string(bus_id),
         local_device_.load(std::memory_order_relaxed));
-      in_->device_mapped.store(1, std::memory_order_release);
     } catch (const device_error& e) {
+      in_->device_mapped.store(2, std::memory_order_seq_cst);
       throw transport_error(
         transport_errc::protocol_mismatch,
         std::string("the shm peer passes GPU tensors by CUDA IPC, which this "

@@ -79,8 +79,9 @@ struct ring_control {
   char device_bus_id[16] = {};
   /// Its cudaIpcMemHandle_t.
   std::byte device_handle[64] = {};
-  /// The reader's: 1 once it mapped that memory, 2 once it unmapped it (the
-  /// writer frees it only then, or once the reader's process is gone).
+  /// The reader's: 1 from just before it maps that memory, 2 once it
+  /// unmapped it or gave up (the writer frees it only then, or once the
+  /// reader's process is gone).
   std::atomic<std::uint32_t> device_mapped{0};
 };
 
