@@ -443,10 +443,11 @@ private:
     finish_frame(static_cast<std::byte*>(payload.data));
   }
 
-  /// A payload the peer placed in device memory it shares: copied onto a
-  /// tensor of the same GPU at once and given back (the runtime's take()
-  /// moves it to the receiving chip's GPU when that is another). Never
-  /// checksummed (decode() refuses that).
+  /// A payload the peer placed in device memory it shares: copied at once
+  /// onto a tensor of the GPU the link mapped that memory on (the receiving
+  /// chip's, unless only the sender's could map it: the runtime's take()
+  /// moves it on then) and given back. Never checksummed (decode() refuses
+  /// that).
   void copy_off_device(byte_link::adopted_payload& payload) {
     try {
 #if H2_HAS_CUDA
