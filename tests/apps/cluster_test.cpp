@@ -712,11 +712,13 @@ protected:
 };
 
 TEST_F(apps_cluster_start, a_rank_that_never_joins_is_named_and_exits_3) {
-  auto rank0 = start_node(0, "127.0.0.1:0", "2");
+  // Long enough for rank 1 to start and join on a loaded machine under the
+  // sanitizers, where a node takes seconds to start.
+  auto rank0 = start_node(0, "127.0.0.1:0", "10");
   const std::string coordinator = coordinator_of(*rank0);
   ASSERT_FALSE(coordinator.empty()) << rank0->err();
-  auto rank1 = start_node(1, coordinator, "2");
-  // Rank 2 is never started: two seconds after the coordinator listens,
+  auto rank1 = start_node(1, coordinator, "10");
+  // Rank 2 is never started: ten seconds after the coordinator listens,
   // it names rank 2 and tells rank 1 why the job ends.
   auto s0 = rank0->wait(run_timeout);
   auto s1 = rank1->wait(run_timeout);
@@ -727,7 +729,7 @@ TEST_F(apps_cluster_start, a_rank_that_never_joins_is_named_and_exits_3) {
     EXPECT_TRUE(s.exited && s.code == 3) << s.describe() << err;
     expect_one_line(err);
     EXPECT_NE(err.find("h2-node: training failed (peer lost): rank 2 of 3 "
-                       "never joined within 2 s"),
+                       "never joined within 10 s"),
               std::string::npos)
       << err;
   }
