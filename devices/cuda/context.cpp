@@ -442,15 +442,26 @@ cuda_mapped_memory::~cuda_mapped_memory() {
     cudaIpcCloseMemHandle(data_);
 }
 
-void synchronize_cuda_device(int device) {
-  device_restorer restore;
+namespace {
+
+/// Makes `device` current and waits for all its queued work; `call` names
+/// the CUDA call that failed.
+cudaError_t select_and_wait(int device, const char*& call) {
+  call = "cudaSetDevice";
   cudaError_t rc = cudaSetDevice(device);
-  const char* call = "cudaSetDevice";
   if (rc == cudaSuccess) {
     call = "cudaDeviceSynchronize";
     rc = cudaDeviceSynchronize();
   }
-  if (rc != cudaSuccess) {
+  return rc;
+}
+
+} // namespace
+
+void synchronize_cuda_device(int device) {
+  device_restorer restore;
+  const char* call = nullptr;
+  if (const cudaError_t rc = select_and_wait(device, call); rc != cudaSuccess) {
     cudaGetLastError();
     throw device_error(device_errc::invalid,
                        "waiting for cuda:" + std::to_string(device) + ": " +
@@ -463,12 +474,8 @@ void copy_device_memory(void* dst, const void* src, std::size_t bytes,
   device_restorer restore;
   // The legacy default stream does not wait for libtorch's streams (they
   // are non-blocking): the whole device is waited for, before and after.
-  const char* call = "cudaSetDevice";
-  cudaError_t rc = cudaSetDevice(device);
-  if (rc == cudaSuccess) {
-    call = "cudaDeviceSynchronize";
-    rc = cudaDeviceSynchronize();
-  }
+  const char* call = nullptr;
+  cudaError_t rc = select_and_wait(device, call);
   if (rc == cudaSuccess) {
     call = "cudaMemcpy";
     rc = cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToDevice);
