@@ -32,7 +32,10 @@
 namespace h2::transport::wire {
 
 constexpr std::uint32_t magic = 0x43443248; // "H2DC"
-constexpr std::uint16_t version = 2;
+/// Raised whenever frames or the shm segment change (3: `on_device` and
+/// the segment's device memory records): nodes of different versions stop
+/// at the handshake with protocol_mismatch naming both.
+constexpr std::uint16_t version = 3;
 constexpr std::size_t header_bytes = 128;
 constexpr int max_dims = 8;
 
