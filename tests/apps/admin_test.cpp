@@ -218,14 +218,18 @@ TEST_F(apps_admin, refused_requests_change_nothing) {
   const int port = port_of(endpoint_);
   const transport::job_secret key(secret);
   std::uint64_t seq = 1;
-  auto request = [&](const std::string& command) {
-    return nlohmann::json::parse(raw_request(
-      port, runtime::encode_admin_request(
-              runtime::seal_admin_request(key, ++seq, command, {}))));
+  // A request line sealed with the right token, each with the next seq.
+  auto sealed = [&](const std::string& command,
+                    std::vector<std::string> args = {}) {
+    return runtime::encode_admin_request(
+      runtime::seal_admin_request(key, ++seq, command, std::move(args)));
+  };
+  auto answer_to = [&](const std::string& line) {
+    return nlohmann::json::parse(raw_request(port, line));
   };
   // Held paused while the requests come in, however slowly (sanitizer
   // builds start each h2-admin in seconds): the job cannot end under them.
-  ASSERT_EQ(request("pause")["ok"], true);
+  ASSERT_EQ(answer_to(sealed("pause"))["ok"], true);
 
   // Refused by h2-admin itself (exit 2, nothing sent).
   for (const auto& [file, reason] :
@@ -248,7 +252,7 @@ TEST_F(apps_admin, refused_requests_change_nothing) {
   EXPECT_NE(unauthorized.err.find("unauthorized"), std::string::npos)
     << unauthorized.err;
   auto refused = [&](const std::string& line, const std::string& reason) {
-    const auto answer = nlohmann::json::parse(raw_request(port, line));
+    const auto answer = answer_to(line);
     EXPECT_EQ(answer["ok"], false) << line.substr(0, 80);
     EXPECT_NE(answer.value("error", "").find(reason), std::string::npos)
       << answer.dump();
@@ -256,23 +260,16 @@ TEST_F(apps_admin, refused_requests_change_nothing) {
   refused("stop now please", "malformed request");
   refused("{\"seq\": 1}", "malformed request");
   refused(std::string(2 << 20, 'x'), "longer than");
-  refused(runtime::encode_admin_request(
-            runtime::seal_admin_request(key, ++seq, "frob", {})),
-          "unknown command");
-  refused(runtime::encode_admin_request(
-            runtime::seal_admin_request(key, ++seq, "throttle", {"0:0", "0"})),
-          "(0, 1000]");
-  refused(runtime::encode_admin_request(
-            runtime::seal_admin_request(key, ++seq, "throttle", {"7:0", "2"})),
-          "no chip 7:0");
-  const auto status_line = runtime::encode_admin_request(
-    runtime::seal_admin_request(key, ++seq, "status", {}));
-  EXPECT_EQ(nlohmann::json::parse(raw_request(port, status_line))["ok"], true);
+  refused(sealed("frob"), "unknown command");
+  refused(sealed("throttle", {"0:0", "0"}), "(0, 1000]");
+  refused(sealed("throttle", {"7:0", "2"}), "no chip 7:0");
+  const auto status_line = sealed("status");
+  EXPECT_EQ(answer_to(status_line)["ok"], true);
   refused(status_line, "unauthorized"); // the same request again: a replay
   auto forged = runtime::seal_admin_request(key, ++seq, "pause", {});
   forged.command = "stop";
   refused(runtime::encode_admin_request(forged), "unauthorized");
-  ASSERT_EQ(request("resume")["ok"], true);
+  ASSERT_EQ(answer_to(sealed("resume"))["ok"], true);
 
   auto end = launch.wait(run_timeout);
   ASSERT_EQ(end.code, 0) << end.describe() << launch.err();
