@@ -229,7 +229,17 @@ TEST_F(apps_admin, refused_requests_change_nothing) {
   };
   // Held paused while the requests come in, however slowly (sanitizer
   // builds start each h2-admin in seconds): the job cannot end under them.
-  ASSERT_EQ(answer_to(sealed("pause"))["ok"], true);
+  // The endpoint is up before the run is: until the run opens, a command is
+  // refused as "in progress (it is starting, or ending)"; ask again.
+  nlohmann::json paused;
+  ASSERT_TRUE(launch.wait_until(
+    [&] {
+      paused = answer_to(sealed("pause"));
+      return paused["ok"] == true ||
+             paused.value("error", "").find("starting") == std::string::npos;
+    },
+    60s));
+  ASSERT_EQ(paused["ok"], true) << paused.dump();
 
   // Refused by h2-admin itself (exit 2, nothing sent).
   for (const auto& [file, reason] :
