@@ -51,6 +51,10 @@ if(CAF_FOUND)
   endif()
   if(TARGET CAF::core)
     target_link_libraries(CAF::core INTERFACE Threads::Threads)
+    # CAF 0.17's caf/detail/atom_val.hpp uses uint64_t without including
+    # <cstdint>; GCC 13's standard headers no longer bring it in.
+    target_compile_options(CAF::core INTERFACE
+      "$<$<COMPILE_LANGUAGE:CXX>:SHELL:-include cstdint>")
   endif()
 endif()
 mark_as_advanced(CAF_INCLUDE_DIR)

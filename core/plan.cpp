@@ -39,8 +39,10 @@ namespace {
 
 using json = nlohmann::json;
 
-const json& member(const json& j, const std::string& key,
-                   const std::string& path) {
+// `key` is a C string: a std::string made for the call would be a
+// temporary, which GCC 13's -Wdangling-reference takes the result to point
+// into.
+const json& member(const json& j, const char* key, const std::string& path) {
   if (!j.is_object())
     throw config_error(path, "expected an object");
   auto i = j.find(key);
@@ -49,7 +51,7 @@ const json& member(const json& j, const std::string& key,
   return *i;
 }
 
-int int_member(const json& j, const std::string& key, const std::string& path,
+int int_member(const json& j, const char* key, const std::string& path,
                int min) {
   const json& v = member(j, key, path);
   if (!v.is_number_integer() || v.get<long long>() < min ||

@@ -5,6 +5,7 @@
 
 #include "h2/core/error.hpp"
 
+#include <ATen/core/grad_mode.h>
 #include <ATen/ops/from_blob.h>
 #include <ATen/ops/zeros_like.h>
 

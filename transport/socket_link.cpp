@@ -157,8 +157,10 @@ void socket_link::nudge() noexcept {
   // Counted before a sleeper's last look at wakes_ (Dekker): one that is
   // not counted yet will see the new count.
   for (sleep_place* place : {&receive_, &drain_})
-    if (place->sleeping.load(std::memory_order_seq_cst) != 0)
-      (void)::write(place->wake_fd, &one, sizeof(one));
+    if (place->sleeping.load(std::memory_order_seq_cst) != 0) {
+      [[maybe_unused]] const auto n =
+        ::write(place->wake_fd, &one, sizeof(one));
+    }
 }
 
 bool socket_link::sleep(sleep_place& place, std::uint32_t seen,
@@ -195,7 +197,8 @@ bool socket_link::sleep(sleep_place& place, std::uint32_t seen,
       // Emptied before the count is looked at again: a later nudge()
       // writes it anew.
       std::uint64_t count = 0;
-      (void)::read(place.wake_fd, &count, sizeof(count));
+      [[maybe_unused]] const auto n =
+        ::read(place.wake_fd, &count, sizeof(count));
       continue;
     }
     if (fds[0].revents != 0)

@@ -116,7 +116,7 @@ int pipe_pair(int& read_end, int& write_end) {
 
 template <class T>
 void send_pointer(int fd, T* p) {
-  (void)::write(fd, &p, sizeof(p));
+  [[maybe_unused]] const auto n = ::write(fd, &p, sizeof(p));
 }
 
 void push(ibv_cq* cq, const ibv_wc& wc, bool send) {

@@ -187,7 +187,7 @@ transport_errc dial_a_hostile_acceptor(const std::function<int()>& make_fd,
     ::close(fd);
     // Hold the connection until the dialer gave up on it.
     char c = 0;
-    (void)::recv(link.fd(), &c, 1, 0);
+    [[maybe_unused]] const auto n = ::recv(link.fd(), &c, 1, 0);
   });
   endpoint dialer(test::options_for(0, "shm"));
   endpoint_address peer;

@@ -111,7 +111,7 @@ public:
     bootstrap_->stop();
     if (listener_.joinable()) {
       std::uint64_t one = 1;
-      (void)::write(stop_.get(), &one, sizeof(one));
+      [[maybe_unused]] const auto n = ::write(stop_.get(), &one, sizeof(one));
       listener_.join();
     }
     listen_id_.reset();

@@ -202,7 +202,7 @@ void rdma_link::nudge() noexcept {
   }
   if (polling) {
     const std::uint64_t one = 1;
-    (void)::write(nudged_.get(), &one, sizeof(one));
+    [[maybe_unused]] const auto n = ::write(nudged_.get(), &one, sizeof(one));
   }
 }
 
@@ -228,7 +228,7 @@ void rdma_link::shutdown() noexcept {
     // A broken link has nothing left to drain.
   }
   std::uint64_t one = 1;
-  (void)::write(wake_.get(), &one, sizeof(one));
+  [[maybe_unused]] const auto n = ::write(wake_.get(), &one, sizeof(one));
   {
     std::lock_guard<std::mutex> guard(mutex_);
     progressed_.notify_all();
@@ -527,7 +527,8 @@ void rdma_link::wait(Ready&& ready, std::optional<deadline> until) {
     if ((fds[2].revents & POLLIN) != 0) {
       // Emptied before the next look: a later nudge() writes it anew.
       std::uint64_t count = 0;
-      (void)::read(nudged_.get(), &count, sizeof(count));
+      [[maybe_unused]] const auto n =
+        ::read(nudged_.get(), &count, sizeof(count));
     }
     if ((fds[0].revents & POLLIN) != 0) {
       ibv_cq* cq = nullptr;
