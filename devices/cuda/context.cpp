@@ -3,6 +3,7 @@
 #include "../gpu_checks.hpp"
 
 #include "h2/core/error.hpp"
+#include "h2/devices/torch_compat.hpp"
 
 #include <h2/config.hpp>
 
@@ -78,6 +79,8 @@ cuda_context::cuda_context(const chip_spec& spec, chip_clock clock, int threads)
     : device_context(spec, detail::checked_gpu_capacity<cuda_api>(spec),
                      std::move(clock), threads) {
 #if H2_TORCH_HAS_CUDA
+  // The memory fraction below needs libtorch's allocator set up already.
+  compat::init_cuda();
   // A stream of the pool per chip: two chips of one GPU (or a chip and the
   // transport's copies) do not serialise on the default stream.
   stream_ = std::make_unique<chip_stream>(

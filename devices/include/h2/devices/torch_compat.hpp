@@ -3,6 +3,7 @@
 // here so the rest of H2 reads the same against both.
 #pragma once
 
+#include <ATen/Context.h>
 #include <ATen/autocast_mode.h>
 #include <c10/core/Allocator.h>
 #include <torch/version.h>
@@ -48,6 +49,16 @@ inline bool autocast_enabled(c10::DeviceType type) {
 #else
   return type == c10::kCPU ? at::autocast::is_cpu_enabled()
                            : at::autocast::is_enabled();
+#endif
+}
+
+/// Sets up libtorch's CUDA state (its caching allocator among it), as a
+/// process's first CUDA tensor would.
+inline void init_cuda() {
+#if H2_TORCH_AT_LEAST(2, 6)
+  at::globalContext().lazyInitDevice(c10::DeviceType::CUDA);
+#else
+  at::globalContext().lazyInitCUDA();
 #endif
 }
 
