@@ -1,4 +1,5 @@
 #include "h2/apps/launcher.hpp"
+#include "h2/core/files.hpp"
 
 #include "h2/apps/exit_codes.hpp"
 #include "h2/apps/signals.hpp"
@@ -146,10 +147,7 @@ public:
                   std::strerror(errno));
     path_ = tmpl;
   }
-  ~temp_dir() {
-    std::error_code ignored;
-    std::filesystem::remove_all(path_, ignored);
-  }
+  ~temp_dir() { h2::remove_tree(path_); }
   temp_dir(const temp_dir&) = delete;
   temp_dir& operator=(const temp_dir&) = delete;
 

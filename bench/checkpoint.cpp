@@ -18,6 +18,7 @@
 // per run, default 12), --rounds N (demo runs each way, default 2), --every
 // N (default 1), --only io|stall.
 #include "bench_common.hpp"
+#include "h2/core/files.hpp"
 
 #include "h2/actors/local_job.hpp"
 #include "h2/core/job.hpp"
@@ -295,14 +296,14 @@ std::vector<bench::record> io_bench(const fs::path& root, int reps) {
               file_system_of(root).c_str(), root.c_str());
 
   auto time_checkpoint_write = [&] {
-    fs::remove_all(ckpt_root);
+    h2::remove_tree(ckpt_root);
     sync_file_system(root);
     const auto t = steady::now();
     runtime::write_checkpoint(ckpt_root, manifest, layers);
     return seconds_since(t);
   };
   auto time_plain_write = [&] {
-    fs::remove_all(plain_dir);
+    h2::remove_tree(plain_dir);
     sync_file_system(root);
     const auto t = steady::now();
     fs::create_directories(plain_dir);
@@ -330,7 +331,7 @@ std::vector<bench::record> io_bench(const fs::path& root, int reps) {
     save_ratio.push_back(p / c);
     std::printf("%-6d %9.0f MB/s %9.0f MB/s %7.3f\n", r, mb / c, mb / p, p / c);
   }
-  fs::remove_all(plain_dir);
+  h2::remove_tree(plain_dir);
 
   // Loads read the last checkpoint written; the baseline reads its files.
   std::uint64_t checksum = 0; // keeps the loads from being optimized out
@@ -392,7 +393,7 @@ std::vector<bench::record> io_bench(const fs::path& root, int reps) {
       mb / c, mb / p, p / c, mb / wc, mb / wp, wp / wc);
   }
   std::printf("(checksum %llu)\n\n", static_cast<unsigned long long>(checksum));
-  fs::remove_all(ckpt_root);
+  h2::remove_tree(ckpt_root);
 
   const auto median = [](const std::vector<double>& xs) {
     return bench::quantile(xs, 0.5);
@@ -506,7 +507,7 @@ std::vector<bench::record> stall_bench(const fs::path& root, int steps,
         for (const auto& p : files_of(*latest))
           ckpt_bytes += fs::file_size(p);
       }
-      fs::remove_all(dir);
+      h2::remove_tree(dir);
     }
     std::printf("demo run %d, checkpoint %-3s: median step %.4f s", r,
                 on ? "on" : "off", bench::quantile(run_steps, 0.5));
@@ -561,13 +562,10 @@ std::vector<bench::record> stall_bench(const fs::path& root, int steps,
 /// A fresh directory, removed at the end.
 struct scratch_dir {
   explicit scratch_dir(fs::path p) : path(std::move(p)) {
-    fs::remove_all(path);
+    h2::remove_tree(path);
     fs::create_directories(path);
   }
-  ~scratch_dir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
+  ~scratch_dir() { h2::remove_tree(path); }
   scratch_dir(const scratch_dir&) = delete;
   scratch_dir& operator=(const scratch_dir&) = delete;
   fs::path path;

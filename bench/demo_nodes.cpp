@@ -3,6 +3,7 @@
 // tcp. Runs the real binaries (h2-launch, h2-node) and reads their JSON
 // logs; the first steps (warm-up) are left out.
 #include "bench_common.hpp"
+#include "h2/core/files.hpp"
 #include "test_jobs.hpp" // the demo split over nodes, as the tests split it
 
 #include <nlohmann/json.hpp>
@@ -90,7 +91,7 @@ int main(int argc, char** argv) {
     add({"demo_step_" + c.name, s, "s", one, s / one,
          "baseline: the same chips in one process"});
   }
-  fs::remove_all(dir);
+  h2::remove_tree(dir);
   if (auto path = out_path(argc, argv); !path.empty())
     append_results(path, out);
   return 0;

@@ -1,6 +1,7 @@
 // Layer files, whole checkpoints and the directory of checkpoints
 // (docs/checkpoints.md). The manifest itself: checkpoint_manifest.cpp.
 #include "h2/runtime/checkpoint_files.hpp"
+#include "h2/core/files.hpp"
 
 #include "checkpoint_io.hpp"
 
@@ -273,8 +274,7 @@ prune_checkpoints(const std::filesystem::path& root, int keep) {
       ++complete;
     if ((is_complete && complete <= keep) || complete == 0)
       continue;
-    std::error_code ec;
-    std::filesystem::remove_all(d.dir, ec);
+    const auto ec = h2::remove_tree(d.dir);
     if (ec)
       throw checkpoint_error(checkpoint_errc::io, d.dir,
                              "cannot remove: " + ec.message());

@@ -5,6 +5,7 @@
 // one or two data-parallel replicas); with three or more replicas, within
 // the bound of fp32 reassociation (issue 11, "Resume on another plan").
 #include "h2/actors/local_job.hpp"
+#include "h2/core/files.hpp"
 #include "h2/runtime/checkpoint_files.hpp"
 #include "h2/scheduler/plan_builder.hpp"
 #include "test_jobs.hpp"
@@ -36,7 +37,7 @@ protected:
             ("h2-checkpoint-test-" + std::to_string(std::random_device{}()));
     fs::create_directories(root_);
   }
-  void TearDown() override { fs::remove_all(root_); }
+  void TearDown() override { h2::remove_tree(root_); }
 
   /// Four chips of three kinds at their default dtype (bf16 compute), 4
   /// steps, checkpoints under `dir`.

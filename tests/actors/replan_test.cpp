@@ -5,6 +5,7 @@
 // the same micro-batching), and a checkpoint saved afterwards records the
 // live plan. A re-plan that changes the chips is refused.
 #include "h2/actors/local_job.hpp"
+#include "h2/core/files.hpp"
 #include "h2/runtime/checkpoint_files.hpp"
 #include "test_jobs.hpp"
 
@@ -79,7 +80,7 @@ TEST(actors_replan, moved_layers_train_as_if_they_never_moved) {
     run(saving, start, {{1, cut(*job, {1, 3, 2})}, {3, last}});
   const auto manifest =
     runtime::read_manifest(runtime::checkpoint_dir(dir, job->train.steps));
-  std::filesystem::remove_all(dir);
+  h2::remove_tree(dir);
   EXPECT_EQ(manifest.plan_json, to_json(last, -1));
 
   EXPECT_EQ(moved.stage_layers, (std::vector<std::vector<int>>{

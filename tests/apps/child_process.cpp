@@ -1,4 +1,5 @@
 #include "child_process.hpp"
+#include "h2/core/files.hpp"
 
 #include <gtest/gtest.h>
 
@@ -49,8 +50,7 @@ scratch_dir::~scratch_dir() {
               << std::endl;
     return;
   }
-  std::error_code ignored;
-  std::filesystem::remove_all(path_, ignored);
+  h2::remove_tree(path_);
 }
 
 std::filesystem::path scratch_dir::write(const std::string& name,

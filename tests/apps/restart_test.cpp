@@ -4,6 +4,7 @@
 // uninterrupted run does; a node SIGKILLed in a 3-node job with
 // [restart] max = 1 is planned around, the job resumes from its last
 // checkpoint on the chips that are left and reaches its final step.
+#include "h2/core/files.hpp"
 #include "launch.hpp"
 
 #include <gtest/gtest.h>
@@ -48,7 +49,7 @@ protected:
     auto whole = launch({j.string(), "--json-log",
                          (dir_ / "whole.jsonl").string(), "--stop-after", "6"});
     ASSERT_TRUE(whole.status.exited && whole.status.code == 0) << whole.err;
-    std::filesystem::remove_all(dir_ / "checkpoints");
+    h2::remove_tree(dir_ / "checkpoints");
 
     std::vector<std::string> first = {j.string(), "--stop-after", "2"};
     first.insert(first.end(), nodes.begin(), nodes.end());

@@ -1,3 +1,4 @@
+#include "h2/core/files.hpp"
 #include "h2/model/data.hpp"
 
 #include "h2/core/error.hpp"
@@ -193,7 +194,7 @@ protected:
     ASSERT_NE(::mkdtemp(pattern.data()), nullptr);
     dir_ = pattern;
   }
-  void TearDown() override { std::filesystem::remove_all(dir_); }
+  void TearDown() override { h2::remove_tree(dir_); }
 
   std::string path(const std::string& name) const { return dir_ + "/" + name; }
 

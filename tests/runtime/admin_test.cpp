@@ -3,6 +3,7 @@
 // under another token or replayed fails the check, every command's
 // arguments are checked, the token file must be private and long enough,
 // and the inbox hands commands to the scheduler and answers back.
+#include "h2/core/files.hpp"
 #include "h2/runtime/admin.hpp"
 #include "h2/runtime/rebalancing.hpp"
 #include "test_jobs.hpp"
@@ -152,7 +153,7 @@ TEST(runtime_admin, the_token_file_must_be_private_and_long_enough) {
     std::string::npos);
   const auto missing = key_and_message((dir / "none").string());
   EXPECT_EQ(missing.rfind("admin.token_file: ", 0), 0u) << missing;
-  std::filesystem::remove_all(dir);
+  h2::remove_tree(dir);
 }
 
 TEST(runtime_admin, the_inbox_answers_only_while_a_run_is_open) {

@@ -2,6 +2,7 @@
 // of damage read back as its typed error naming the file, the directory
 // scan, pruning, and crashes at each point of the write path.
 #include "h2/core/error.hpp"
+#include "h2/core/files.hpp"
 #include "h2/runtime/checkpoint_files.hpp"
 #include "h2/runtime/checkpointing.hpp"
 #include "h2/transport/crc32c.hpp"
@@ -34,13 +35,10 @@ public:
     path_ = fs::temp_directory_path() /
             ("h2-checkpoint-test-" + std::to_string(::getpid()) + "-" +
              std::to_string(counter++));
-    fs::remove_all(path_);
+    h2::remove_tree(path_);
     fs::create_directories(path_);
   }
-  ~temp_dir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
+  ~temp_dir() { h2::remove_tree(path_); }
   temp_dir(const temp_dir&) = delete;
   temp_dir& operator=(const temp_dir&) = delete;
 
