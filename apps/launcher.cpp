@@ -1,9 +1,9 @@
 #include "h2/apps/launcher.hpp"
-#include "h2/core/files.hpp"
 
 #include "h2/apps/exit_codes.hpp"
 #include "h2/apps/signals.hpp"
 #include "h2/core/error.hpp"
+#include "h2/core/files.hpp"
 #include "h2/core/random.hpp"
 #include "h2/runtime/checkpoint_files.hpp"
 

@@ -18,9 +18,9 @@
 // per run, default 12), --rounds N (demo runs each way, default 2), --every
 // N (default 1), --only io|stall.
 #include "bench_common.hpp"
-#include "h2/core/files.hpp"
 
 #include "h2/actors/local_job.hpp"
+#include "h2/core/files.hpp"
 #include "h2/core/job.hpp"
 #include "h2/runtime/checkpoint_files.hpp"
 #include "h2/scheduler/plan_builder.hpp"

@@ -1,9 +1,9 @@
 // Layer files, whole checkpoints and the directory of checkpoints
 // (docs/checkpoints.md). The manifest itself: checkpoint_manifest.cpp.
 #include "h2/runtime/checkpoint_files.hpp"
-#include "h2/core/files.hpp"
 
 #include "checkpoint_io.hpp"
+#include "h2/core/files.hpp"
 
 #include <algorithm>
 #include <charconv>

@@ -1,4 +1,5 @@
 #include "child_process.hpp"
+
 #include "h2/core/files.hpp"
 
 #include <gtest/gtest.h>

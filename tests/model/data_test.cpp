@@ -1,7 +1,7 @@
-#include "h2/core/files.hpp"
 #include "h2/model/data.hpp"
 
 #include "h2/core/error.hpp"
+#include "h2/core/files.hpp"
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
