@@ -1,6 +1,7 @@
 #include "h2/transport/socket_link.hpp"
 
 #include "h2/core/error.hpp"
+#include "h2/transport/wake_fd.hpp"
 
 #include <arpa/inet.h>
 #include <cerrno>
@@ -153,14 +154,11 @@ void socket_link::wait_drain(std::uint32_t seen) {
 
 void socket_link::nudge() noexcept {
   wakes_.fetch_add(1, std::memory_order_seq_cst);
-  const std::uint64_t one = 1;
   // Counted before a sleeper's last look at wakes_ (Dekker): one that is
   // not counted yet will see the new count.
   for (sleep_place* place : {&receive_, &drain_})
-    if (place->sleeping.load(std::memory_order_seq_cst) != 0) {
-      [[maybe_unused]] const auto n =
-        ::write(place->wake_fd, &one, sizeof(one));
-    }
+    if (place->sleeping.load(std::memory_order_seq_cst) != 0)
+      wake(place->wake_fd);
 }
 
 bool socket_link::sleep(sleep_place& place, std::uint32_t seen,
@@ -196,9 +194,7 @@ bool socket_link::sleep(sleep_place& place, std::uint32_t seen,
     if (fds[1].revents != 0) {
       // Emptied before the count is looked at again: a later nudge()
       // writes it anew.
-      std::uint64_t count = 0;
-      [[maybe_unused]] const auto n =
-        ::read(place.wake_fd, &count, sizeof(count));
+      drain_wakes(place.wake_fd);
       continue;
     }
     if (fds[0].revents != 0)

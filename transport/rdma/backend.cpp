@@ -6,6 +6,7 @@
 #include "h2/core/error.hpp"
 #include "h2/transport/socket_link.hpp"
 #include "h2/transport/tcp/backend.hpp"
+#include "h2/transport/wake_fd.hpp"
 
 #include <arpa/inet.h>
 #include <cerrno>
@@ -110,8 +111,7 @@ public:
     arrived_.notify_all();
     bootstrap_->stop();
     if (listener_.joinable()) {
-      std::uint64_t one = 1;
-      [[maybe_unused]] const auto n = ::write(stop_.get(), &one, sizeof(one));
+      wake(stop_.get());
       listener_.join();
     }
     listen_id_.reset();

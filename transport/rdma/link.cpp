@@ -1,6 +1,7 @@
 #include "link.hpp"
 
 #include "h2/transport/spin.hpp"
+#include "h2/transport/wake_fd.hpp"
 
 #include <h2/config.hpp>
 #if H2_HAS_CUDA
@@ -200,10 +201,8 @@ void rdma_link::nudge() noexcept {
     polling = poller_;
     progressed_.notify_all();
   }
-  if (polling) {
-    const std::uint64_t one = 1;
-    [[maybe_unused]] const auto n = ::write(nudged_.get(), &one, sizeof(one));
-  }
+  if (polling)
+    wake(nudged_.get());
 }
 
 void rdma_link::shutdown() noexcept {
@@ -227,8 +226,7 @@ void rdma_link::shutdown() noexcept {
   } catch (...) {
     // A broken link has nothing left to drain.
   }
-  std::uint64_t one = 1;
-  [[maybe_unused]] const auto n = ::write(wake_.get(), &one, sizeof(one));
+  wake(wake_.get());
   {
     std::lock_guard<std::mutex> guard(mutex_);
     progressed_.notify_all();
@@ -524,12 +522,9 @@ void rdma_link::wait(Ready&& ready, std::optional<deadline> until) {
                      {wake_.get(), POLLIN, 0},
                      {nudged_.get(), POLLIN, 0}};
     ::poll(fds, 3, static_cast<int>(slice.count()));
-    if ((fds[2].revents & POLLIN) != 0) {
-      // Emptied before the next look: a later nudge() writes it anew.
-      std::uint64_t count = 0;
-      [[maybe_unused]] const auto n =
-        ::read(nudged_.get(), &count, sizeof(count));
-    }
+    // Emptied before the next look: a later nudge() writes it anew.
+    if ((fds[2].revents & POLLIN) != 0)
+      drain_wakes(nudged_.get());
     if ((fds[0].revents & POLLIN) != 0) {
       ibv_cq* cq = nullptr;
       void* context = nullptr;
