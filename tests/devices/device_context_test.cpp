@@ -15,6 +15,7 @@
 #include <ATen/Context.h>
 #include <ATen/Parallel.h>
 #include "test_jobs.hpp"
+#include "expect_contains.hpp"
 
 #include <gtest/gtest.h>
 
@@ -59,10 +60,7 @@ std::unique_ptr<device_context> make(int index) {
   return make(chip(index), job().emulation);
 }
 
-void expect_contains(const std::string& text, const std::string& needle) {
-  EXPECT_NE(text.find(needle), std::string::npos)
-    << "message: " << text << "\nexpected to contain: " << needle;
-}
+using test::expect_contains;
 
 TEST(devices_context, cpu_device) {
   auto d = make(0);

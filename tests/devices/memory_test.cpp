@@ -1,4 +1,5 @@
 #include "h2/devices/memory.hpp"
+#include "expect_contains.hpp"
 
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
@@ -19,10 +20,7 @@ std::shared_ptr<memory_account> account(const std::string& chip,
   return std::make_shared<memory_account>(chip, capacity);
 }
 
-void expect_contains(const std::string& text, const std::string& needle) {
-  EXPECT_NE(text.find(needle), std::string::npos)
-    << "message: " << text << "\nexpected to contain: " << needle;
-}
+using test::expect_contains;
 
 // ---------------------------------------------------------------------------
 // memory_account

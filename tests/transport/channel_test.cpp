@@ -59,24 +59,11 @@ const channel_backend backends[] = {
 #endif
 };
 
-/// Upper bound for waits that must succeed: only stops a broken backend
-/// from hanging the suite; never a performance threshold.
-constexpr auto patience = 20s;
+using test::eventually;
+using test::patience;
 
 /// The wait of receives that must time out.
 constexpr auto short_wait = 50ms;
-
-/// Polls `done` until it holds or `patience` runs out (for backends whose
-/// completion happens on an I/O thread).
-bool eventually(const std::function<bool()>& done) {
-  auto deadline = std::chrono::steady_clock::now() + patience;
-  while (!done()) {
-    if (std::chrono::steady_clock::now() > deadline)
-      return false;
-    std::this_thread::sleep_for(1ms);
-  }
-  return true;
-}
 
 /// Runs `f`, expecting transport_error with `code`.
 template <class F>

@@ -65,17 +65,7 @@ rlim_t raise_descriptor_limit(rlim_t want) {
   return r.rlim_cur;
 }
 
-/// Waits (at most 20 s) until `done`.
-template <class F>
-bool eventually(F&& done) {
-  auto until = std::chrono::steady_clock::now() + 20s;
-  while (!done()) {
-    if (std::chrono::steady_clock::now() > until)
-      return false;
-    std::this_thread::sleep_for(5ms);
-  }
-  return true;
-}
+using test::eventually;
 
 class transport_flood : public ::testing::TestWithParam<std::string> {};
 

@@ -15,15 +15,34 @@
 
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cstring>
 #include <functional>
 #include <future>
 #include <memory>
 #include <string>
+#include <thread>
 #include <tuple>
 #include <utility>
 
 namespace h2::transport::test {
+
+/// Upper bound for waits that must succeed: only stops a broken backend
+/// from hanging the suite; never a performance threshold.
+inline constexpr auto patience = std::chrono::seconds(20);
+
+/// Polls `done` until it holds or `patience` runs out (for completions
+/// that happen on an I/O thread).
+template <class F>
+bool eventually(F&& done) {
+  const auto deadline = std::chrono::steady_clock::now() + patience;
+  while (!done()) {
+    if (std::chrono::steady_clock::now() > deadline)
+      return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return true;
+}
 
 using channel_pair =
   std::pair<std::unique_ptr<channel>, std::unique_ptr<channel>>;

@@ -20,7 +20,7 @@ namespace {
 
 using namespace std::chrono_literals;
 
-constexpr auto patience = 20s;
+using test::patience;
 
 using test::bytes_message;
 using test::error_of;

@@ -29,9 +29,7 @@ namespace {
 using namespace std::chrono_literals;
 using clock_type = std::chrono::steady_clock;
 
-/// Upper bound for waits that must succeed: only stops a broken path from
-/// hanging the suite.
-constexpr auto patience = 20s;
+using test::patience;
 
 /// How long a receive has waited before the message comes: past any poll
 /// (transport/spin.hpp: at most 500 us), so it sleeps on the link.

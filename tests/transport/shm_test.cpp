@@ -36,7 +36,7 @@ namespace {
 
 using namespace std::chrono_literals;
 
-constexpr auto patience = 20s;
+using test::patience;
 
 /// Whether `p` lies in a mapping of an h2 shm segment (a memfd named
 /// "h2-shm"), by /proc/self/maps.
