@@ -19,6 +19,7 @@ using namespace h2;
 
 int run_in_process(const std::string& job_path, const apps::run_flags& f) {
   auto job = apps::load_job(job_path, f);
+  apps::print_cpu_bf16("h2", job->chips(), std::cout);
   if (job->ditorch.check)
     if (int rc =
           apps::check_chip_operators("h2-launch", *job, job->chips(),

@@ -143,13 +143,14 @@ int run_node(node_flags& nf) {
                        "missing: nodes prove the job's secret to each other; "
                        "set it in the job file or pass --secret-file");
   actors::node_options o;
+  std::vector<const chip_spec*> mine;
+  for (const auto& c : this_node->chips)
+    mine.push_back(&c);
+  apps::print_cpu_bf16("h2-node", mine, std::cout);
   if (job->ditorch.check) {
     // This node's chips, before it joins. On a failure the coordinator's
     // node exits here; another node joins only to tell the coordinator,
     // which ends the job naming it.
-    std::vector<const chip_spec*> mine;
-    for (const auto& c : this_node->chips)
-      mine.push_back(&c);
     auto options = apps::opcheck_options_of(*job);
     options.fault = nf.test_fault;
     if (int rc =

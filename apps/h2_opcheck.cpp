@@ -7,6 +7,7 @@
 #include "h2/apps/opcheck.hpp"
 #include "h2/apps/session.hpp"
 #include "h2/core/error.hpp"
+#include "h2/devices/cpu_bf16.hpp"
 #include "h2/devices/device_context.hpp"
 
 #include <CLI/CLI.hpp>
@@ -26,6 +27,7 @@ struct options {
   std::string reference = "cpu";
   std::string dtype = "fp32";
   std::string job_path;
+  std::string cpu_bf16; ///< "" = the job's [ditorch] cpu_bf16
   std::vector<std::string> tolerances; ///< OP=ATOL[,RTOL]
   std::string fault;                   ///< test only
 };
@@ -80,7 +82,16 @@ int run(const options& o) {
   for (const auto& t : o.tolerances)
     options.tolerances.insert(parse_tolerance(t));
   options.fault = o.fault;
-  const auto device_spec = chip_of(o.device, "--device", *job, *d);
+  auto device_spec = chip_of(o.device, "--device", *job, *d);
+  device_spec.bf16_path = job->ditorch.cpu_bf16_path;
+  if (!o.cpu_bf16.empty()) {
+    const auto path = parse_cpu_bf16(o.cpu_bf16);
+    if (!path)
+      throw config_error("--cpu-bf16", "expected auto, native or "
+                                       "fp32-accumulate, got \"" +
+                                         o.cpu_bf16 + "\"");
+    device_spec.bf16_path = *path;
+  }
   const auto reference_spec =
     chip_of(o.reference, "--reference", *job, dtype::fp32);
   const int threads = job->train.threads_per_chip;
@@ -98,6 +109,11 @@ int run(const options& o) {
             << ", seq_len " << g.seq_len << ", d_model " << g.d_model
             << ", heads " << g.n_head << ", d_ff " << g.d_ff << ", vocab "
             << g.vocab_size << ", seed " << job->seed << std::endl;
+  if (!is_gpu(device_spec))
+    std::cout << "h2-opcheck: "
+              << devices::describe(
+                   devices::host_cpu_bf16(device_spec.bf16_path))
+              << std::endl;
   const auto results = model::check_operators(*device, *reference, options);
   apps::print_opcheck_table(std::cout, results, false);
   const auto failed = model::failed_operators(results);
@@ -126,6 +142,10 @@ int main(int argc, char** argv) {
   cli.add_option("--dtype", o.dtype,
                  "What the checked chip computes in: fp32 (default) or bf16 "
                  "(autocast, as a bf16 chip trains)");
+  cli.add_option("--cpu-bf16", o.cpu_bf16,
+                 "How a bf16 check on the host CPU computes its GEMMs: auto "
+                 "(native where the CPU has bf16 instructions), native, or "
+                 "fp32-accumulate (default: the job's [ditorch] cpu_bf16)");
   cli.add_option("--job", o.job_path,
                  "Job file whose model shapes, micro-batch and seed the "
                  "inputs take (default: the built-in demo job)");

@@ -1,6 +1,7 @@
 #include "h2/apps/opcheck.hpp"
 
 #include "h2/apps/exit_codes.hpp"
+#include "h2/devices/cpu_bf16.hpp"
 #include "h2/devices/device_context.hpp"
 
 #include <cstdio>
@@ -61,6 +62,18 @@ void print_opcheck_table(std::ostream& out,
   }
 }
 
+void print_cpu_bf16(const std::string& program,
+                    const std::vector<const chip_spec*>& chips,
+                    std::ostream& out) {
+  for (const chip_spec* chip : chips)
+    if (!is_gpu(*chip) && chip->compute_dtype == dtype::bf16) {
+      out << program << ": "
+          << devices::describe(devices::host_cpu_bf16(chip->bf16_path))
+          << std::endl;
+      return;
+    }
+}
+
 int check_chip_operators(const std::string& program, const job_config& job,
                          const std::vector<const chip_spec*>& chips,
                          const model::opcheck_options& options,
@@ -72,6 +85,7 @@ int check_chip_operators(const std::string& program, const job_config& job,
     if (c.backend == device_backend::emulated) {
       c = chip_of_device("cpu", "", job.profiles);
       c.compute_dtype = chip->compute_dtype;
+      c.bf16_path = chip->bf16_path;
     }
     kinds.emplace(
       c.device + " (" + std::string(to_string(c.compute_dtype)) + ")", c);

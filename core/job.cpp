@@ -542,6 +542,13 @@ void read_ditorch(table_reader& root, job_config& job) {
   if (!t)
     return;
   job.ditorch.check = t->optional<bool>("check", job.ditorch.check);
+  job.ditorch.cpu_bf16_path =
+    enum_value(*t, "cpu_bf16", job.ditorch.cpu_bf16_path,
+               "\"auto\", \"native\", \"fp32-accumulate\"",
+               [](const std::string& s) { return parse_cpu_bf16(s); });
+  for (auto& node : job.nodes)
+    for (auto& chip : node.chips)
+      chip.bf16_path = job.ditorch.cpu_bf16_path;
   t->finish();
 }
 
@@ -830,6 +837,26 @@ std::string_view to_string(rebalance_mode m) noexcept {
       return "auto";
   }
   return "?";
+}
+
+std::string_view to_string(cpu_bf16 m) noexcept {
+  switch (m) {
+    case cpu_bf16::automatic:
+      return "auto";
+    case cpu_bf16::native:
+      return "native";
+    case cpu_bf16::fp32_accumulate:
+      return "fp32-accumulate";
+  }
+  return "?";
+}
+
+std::optional<cpu_bf16> parse_cpu_bf16(std::string_view text) noexcept {
+  for (auto m : {cpu_bf16::automatic, cpu_bf16::native,
+                 cpu_bf16::fp32_accumulate})
+    if (text == to_string(m))
+      return m;
+  return std::nullopt;
 }
 
 std::optional<rebalance_mode> parse_rebalance_mode(std::string_view text) {

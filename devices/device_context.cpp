@@ -1,7 +1,9 @@
 #include "h2/devices/device_context.hpp"
 
 #include "gpu_checks.hpp"
+#include "h2/devices/bf16_gemm.hpp"
 #include "h2/devices/cpu/context.hpp"
+#include "h2/devices/cpu_bf16.hpp"
 #include "h2/devices/emulated/context.hpp"
 #include "h2/devices/torch_compat.hpp"
 
@@ -41,11 +43,15 @@ compute_scope::compute_scope(const device_context& device)
   compat::set_autocast(type_, true,
                        device.compute_dtype() == dtype::bf16 ? at::kBFloat16
                                                              : at::kHalf);
+  previous_fp32_accumulate_ = bf16_gemm::set_active(
+    type_ == c10::kCPU && device.compute_dtype() == dtype::bf16 &&
+    device.bf16_path() == cpu_bf16::fp32_accumulate);
 }
 
 compute_scope::~compute_scope() {
   if (!active_)
     return;
+  bf16_gemm::set_active(previous_fp32_accumulate_);
   compat::set_autocast(type_, previous_enabled_, previous_dtype_);
   // Autocast caches cast weights; drop them so the next step sees the
   // optimizer's update (what torch.autocast's __exit__ does).
@@ -60,7 +66,9 @@ device_context::device_context(const chip_spec& spec,
       memory_(std::make_shared<memory_account>(
         spec.id.to_string() + " (" + spec.device + ")", capacity_bytes)),
       clock_(clock),
-      threads_(threads) {
+      threads_(threads),
+      bf16_path_(is_gpu(spec) ? cpu_bf16::native
+                              : host_cpu_bf16(spec.bf16_path).path) {
 }
 
 device_context::~device_context() = default;
@@ -168,9 +176,11 @@ std::unique_ptr<device_context> make_device(const chip_spec& spec,
   throw internal_error("unknown device backend");
 }
 
-std::unique_ptr<device_context> make_host_device(dtype compute, int threads) {
+std::unique_ptr<device_context> make_host_device(dtype compute, int threads,
+                                                 cpu_bf16 bf16_path) {
   chip_spec host = chip_of_device("cpu", "", catalog::builtin());
   host.compute_dtype = compute;
+  host.bf16_path = bf16_path;
   return std::make_unique<cpu_context>(
     host, chip_clock(clock_mode::virtual_clock, chip_clock::wall_clock::now()),
     threads);

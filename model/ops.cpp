@@ -1,6 +1,7 @@
 #include "h2/model/ops.hpp"
 
 #include "h2/core/error.hpp"
+#include "h2/devices/bf16_gemm.hpp"
 #include "h2/model/layers.hpp"
 
 #include <ATen/TensorOperators.h>
@@ -33,6 +34,8 @@ at::Tensor layer_norm(const at::Tensor& x, const at::Tensor& weight,
 
 at::Tensor linear(const at::Tensor& x, const at::Tensor& weight,
                   const at::Tensor& bias) {
+  if (devices::bf16_gemm::active())
+    return devices::bf16_gemm::linear(x, weight, bias);
   return at::linear(x, weight, bias);
 }
 
@@ -48,12 +51,23 @@ at::Tensor causal_mask(std::int64_t t, c10::Device device) {
   return at::ones({t, t}, at::TensorOptions(at::kBool).device(device)).triu(1);
 }
 
+namespace {
+
+/// a @ b, as the chip's bf16 GEMM path computes it (devices/bf16_gemm.hpp).
+at::Tensor product(const at::Tensor& a, const at::Tensor& b) {
+  if (devices::bf16_gemm::active())
+    return devices::bf16_gemm::matmul(a, b);
+  return at::matmul(a, b);
+}
+
+} // namespace
+
 at::Tensor attention(const at::Tensor& q, const at::Tensor& k,
                      const at::Tensor& v, const at::Tensor& mask) {
   const auto hd = static_cast<double>(q.size(-1));
-  auto scores = at::matmul(q, k.transpose(-2, -1)) / std::sqrt(hd);
+  auto scores = product(q, k.transpose(-2, -1)) / std::sqrt(hd);
   scores = scores.masked_fill(mask, -INFINITY);
-  return at::matmul(softmax(scores), v);
+  return product(softmax(scores), v);
 }
 
 at::Tensor cross_entropy_sum(const at::Tensor& logits,

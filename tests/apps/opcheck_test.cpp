@@ -39,9 +39,17 @@ std::string row_of(const std::string& out, const std::string& op) {
 }
 
 TEST_F(apps_opcheck, cpu_passes_in_fp32_and_bf16_against_fp64) {
-  for (const std::string dtype : {"fp32", "bf16"}) {
-    SCOPED_TRACE(dtype);
-    auto r = opcheck({"--device", "cpu", "--dtype", dtype});
+  // bf16 on the path this host chooses, and on fp32-accumulate, which every
+  // host runs (docs/emulation.md, "bf16 on the host CPU").
+  for (const std::string path : {"", "auto", "fp32-accumulate"}) {
+    const std::string dtype = path.empty() ? "fp32" : "bf16";
+    SCOPED_TRACE(dtype + " " + path);
+    std::vector<std::string> args{"--device", "cpu", "--dtype", dtype};
+    if (!path.empty()) {
+      args.push_back("--cpu-bf16");
+      args.push_back(path);
+    }
+    auto r = opcheck(args);
     EXPECT_TRUE(r.status.exited && r.status.code == 0)
       << r.status.describe() << "\n"
       << r.out << r.err;
@@ -53,6 +61,12 @@ TEST_F(apps_opcheck, cpu_passes_in_fp32_and_bf16_against_fp64) {
     EXPECT_NE(row_of(r.out, "linear").find(dtype + "/fp64"), std::string::npos)
       << r.out;
     EXPECT_EQ(r.out.find("FAIL"), std::string::npos) << r.out;
+    const auto said = r.out.find("h2-opcheck: bf16 on this host's CPU: ");
+    ASSERT_NE(said, std::string::npos) << r.out;
+    if (path == "fp32-accumulate") {
+      EXPECT_EQ(r.out.find("fp32-accumulate (asked for", said), said + 37)
+        << r.out;
+    }
   }
 }
 
@@ -80,6 +94,7 @@ TEST_F(apps_opcheck, bad_input_is_one_line_and_exit_2) {
     {{"--device", "cpu", "--reference", "cuda:x"}, "--reference"},
     {{"--device", "cpu", "--tolerance", "linear"}, "--tolerance"},
     {{"--device", "cpu", "--tolerance", "conv=1e-3"}, "conv"},
+    {{"--device", "cpu", "--cpu-bf16", "fast"}, "--cpu-bf16"},
   };
   for (const auto& [args, needle] : cases) {
     SCOPED_TRACE(args.back());

@@ -5,6 +5,7 @@
 #include "h2/model/opcheck.hpp"
 
 #include "h2/core/error.hpp"
+#include "h2/devices/cpu_bf16.hpp"
 #include "h2/devices/device_context.hpp"
 
 #include "test_jobs.hpp"
@@ -25,10 +26,21 @@ opcheck_options options() {
   return o;
 }
 
-std::vector<opcheck_result> check_cpu(dtype d, const opcheck_options& o) {
-  auto device = devices::make_host_device(d);
+std::vector<opcheck_result>
+check_cpu(dtype d, const opcheck_options& o,
+          cpu_bf16 path = cpu_bf16::fp32_accumulate) {
+  auto device = devices::make_host_device(d, 1, path);
   auto reference = devices::make_host_device(dtype::fp32);
   return check_operators(*device, *reference, o);
+}
+
+/// The bf16 paths this host runs: fp32-accumulate everywhere, native where
+/// the CPU has bf16 instructions (devices/cpu_bf16.hpp).
+std::vector<cpu_bf16> bf16_paths() {
+  std::vector<cpu_bf16> out{cpu_bf16::fp32_accumulate};
+  if (devices::host_cpu_bf16(cpu_bf16::automatic).path == cpu_bf16::native)
+    out.push_back(cpu_bf16::native);
+  return out;
 }
 
 std::set<std::string> ops_of(const std::vector<opcheck_result>& results) {
@@ -62,8 +74,18 @@ TEST(model_opcheck, references_are_fp64_for_matrix_math_reductions_and_loss) {
   }
 }
 
-TEST(model_opcheck, cpu_bf16_autocast_agrees_within_the_bf16_tolerance) {
-  const auto results = check_cpu(dtype::bf16, options());
+class model_opcheck_bf16 : public testing::TestWithParam<cpu_bf16> {
+protected:
+  void SetUp() override {
+    if (GetParam() == cpu_bf16::native &&
+        devices::host_cpu_bf16(cpu_bf16::automatic).path != cpu_bf16::native)
+      GTEST_SKIP() << devices::describe(
+        devices::host_cpu_bf16(cpu_bf16::automatic));
+  }
+};
+
+TEST_P(model_opcheck_bf16, cpu_bf16_agrees_within_the_bf16_tolerance) {
+  const auto results = check_cpu(dtype::bf16, options(), GetParam());
   bool some_bf16 = false;
   for (const auto& r : results) {
     SCOPED_TRACE(r.op + " " + r.tensor);
@@ -78,15 +100,24 @@ TEST(model_opcheck, cpu_bf16_autocast_agrees_within_the_bf16_tolerance) {
   EXPECT_TRUE(some_bf16) << "autocast cast nothing to bf16";
 }
 
+INSTANTIATE_TEST_SUITE_P(
+  paths, model_opcheck_bf16,
+  testing::Values(cpu_bf16::fp32_accumulate, cpu_bf16::native),
+  [](const testing::TestParamInfo<cpu_bf16>& p) {
+    return p.param == cpu_bf16::native ? "native" : "fp32_accumulate";
+  });
+
 class model_opcheck_fault : public testing::TestWithParam<std::string> {};
 
 TEST_P(model_opcheck_fault, a_wrong_operator_is_caught_and_named) {
   auto o = options();
   o.fault = GetParam();
-  for (dtype d : {dtype::fp32, dtype::bf16}) {
-    SCOPED_TRACE(std::string(to_string(d)));
-    const auto results = check_cpu(d, o);
-    EXPECT_EQ(failed_operators(results), std::vector<std::string>{GetParam()});
+  EXPECT_EQ(failed_operators(check_cpu(dtype::fp32, o)),
+            std::vector<std::string>{GetParam()});
+  for (cpu_bf16 path : bf16_paths()) {
+    SCOPED_TRACE(std::string(to_string(path)));
+    EXPECT_EQ(failed_operators(check_cpu(dtype::bf16, o, path)),
+              std::vector<std::string>{GetParam()});
   }
 }
 

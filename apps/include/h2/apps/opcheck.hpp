@@ -24,6 +24,13 @@ void print_opcheck_table(std::ostream& out,
                          const std::vector<model::opcheck_result>& results,
                          bool failures_only);
 
+/// Prints "<program>: bf16 on this host's CPU: <path> (<why>)" to `out`
+/// once when one of `chips` is a bf16 chip backed by the host CPU (cpu,
+/// emulated); nothing otherwise (docs/emulation.md, "bf16 on the host CPU").
+void print_cpu_bf16(const std::string& program,
+                    const std::vector<const chip_spec*>& chips,
+                    std::ostream& out);
+
 /// `[ditorch] check = true`: checks every operator on each kind of chip of
 /// `chips` (device and dtype; an emulated chip computes on the host CPU)
 /// against the host CPU with `options` (opcheck_options_of(job)), printing a

@@ -34,6 +34,20 @@ std::optional<schedule_kind> parse_schedule_kind(std::string_view s) noexcept;
 enum class device_backend { cpu, emulated, cuda, hip };
 std::string_view to_string(device_backend b) noexcept;
 
+/// How a bf16 chip backed by the host CPU (cpu, emulated) computes its
+/// matrix products (docs/emulation.md, "bf16 on the host CPU"). Either way
+/// the chip computes what a bf16 GEMM on a GPU computes: bf16 operands,
+/// products accumulated in fp32, results rounded to bf16.
+enum class cpu_bf16 {
+  automatic,      ///< native where the CPU has bf16 dot-product instructions
+  native,         ///< libtorch's bf16 kernels under autocast
+  fp32_accumulate ///< fp32 kernels on bf16-rounded operands, rounded results
+};
+
+/// "auto", "native", "fp32-accumulate".
+std::string_view to_string(cpu_bf16 m) noexcept;
+std::optional<cpu_bf16> parse_cpu_bf16(std::string_view text) noexcept;
+
 /// One chip of the cluster as the job file declares it.
 struct chip_spec {
   chip_id id;
@@ -42,6 +56,9 @@ struct chip_spec {
   int device_index = 0; ///< for cuda/hip
   dtype compute_dtype = dtype::fp32;
   chip_profile profile; ///< catalog profile (emulated) or the host's (cpu)
+  /// How bf16 math runs if the chip is backed by the host CPU ([ditorch]
+  /// cpu_bf16; ignored on GPUs).
+  cpu_bf16 bf16_path = cpu_bf16::automatic;
 };
 
 /// The chip a device string names ("cpu", "emulated:<profile>",
@@ -190,6 +207,9 @@ struct ditorch_config {
   /// host CPU) against the host CPU, as h2-opcheck does. A failure ends the
   /// run with exit code 4 before its first step.
   bool check = false;
+  /// How bf16 chips backed by the host CPU compute their matrix products
+  /// (every chip's chip_spec::bf16_path).
+  cpu_bf16 cpu_bf16_path = cpu_bf16::automatic;
 };
 
 /// [checkpoint]: where and how often the job saves its training state

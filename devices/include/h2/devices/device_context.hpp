@@ -58,9 +58,10 @@ struct memory_usage {
 };
 
 /// Runs the chip's math in its compute dtype for the scope's lifetime:
-/// autocast of the chip's device type (CPU or CUDA) to bf16 on bf16 chips;
-/// nothing on fp32 chips. Open one around every forward pass, including
-/// recomputation.
+/// autocast of the chip's device type (CPU or CUDA) to bf16 on bf16 chips,
+/// with the GEMMs of bf16_gemm.hpp on host chips whose bf16_path() is
+/// fp32_accumulate; nothing on fp32 chips. Open one around every forward
+/// pass, including recomputation.
 class compute_scope {
 public:
   explicit compute_scope(const device_context& device);
@@ -73,6 +74,7 @@ private:
   c10::DeviceType type_ = c10::kCPU;
   bool previous_enabled_ = false;
   at::ScalarType previous_dtype_ = at::kBFloat16;
+  bool previous_fp32_accumulate_ = false;
 };
 
 class device_context {
@@ -91,6 +93,9 @@ public:
   const chip_profile& profile() const noexcept { return spec_.profile; }
   dtype compute_dtype() const noexcept { return spec_.compute_dtype; }
   int threads() const noexcept { return threads_; }
+  /// How this chip's bf16 GEMMs run: the host's choice (cpu_bf16.hpp) for
+  /// chips backed by the host CPU, native on GPUs. Never automatic.
+  cpu_bf16 bf16_path() const noexcept { return bf16_path_; }
 
   /// "0:1 (emulated:mi250x)": how logs and errors name the chip.
   std::string describe() const;
@@ -171,6 +176,7 @@ private:
   std::shared_ptr<memory_account> memory_;
   chip_clock clock_;
   int threads_;
+  cpu_bf16 bf16_path_;
 };
 
 /// Where the tensors of a chip like `chip` live: cpu for cpu and emulated
@@ -185,11 +191,12 @@ std::unique_ptr<device_context> make_device(const chip_spec& spec,
                                             const emulation_config& emulation,
                                             chip_clock clock, int threads);
 
-/// The host CPU as a chip (`cpu`, computing in `compute`): where tools
-/// that run the model outside a job compute (h2-export, h2-opcheck's
-/// reference).
-std::unique_ptr<device_context> make_host_device(dtype compute = dtype::fp32,
-                                                 int threads = 1);
+/// The host CPU as a chip (`cpu`, computing in `compute`, bf16 GEMMs as
+/// `bf16_path` asks): where tools that run the model outside a job compute
+/// (h2-export, h2-opcheck's reference).
+std::unique_ptr<device_context>
+make_host_device(dtype compute = dtype::fp32, int threads = 1,
+                 cpu_bf16 bf16_path = cpu_bf16::automatic);
 
 /// The backends compiled into this build, e.g. {"cpu", "emulated", "cuda"}.
 std::vector<std::string> built_backends();

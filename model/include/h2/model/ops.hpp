@@ -4,7 +4,9 @@
 // (docs/ditorch.md).
 //
 // Every function runs on its inputs' device, in their dtype or the one
-// autocast picks (devices::compute_scope).
+// autocast picks (devices::compute_scope); on host chips whose bf16 GEMMs
+// run with fp32 kernels, linear and attention's products go through
+// devices/bf16_gemm.hpp.
 #pragma once
 
 #include "h2/core/job.hpp"
