@@ -224,6 +224,15 @@ void reporter::trace_step(const runtime::step_summary& s) {
 void reporter::on_step(const runtime::step_summary& s) {
   if (registry_ != nullptr)
     update_metrics(s);
+  if (auto behind = host_pace_.observe(s)) {
+    std::fprintf(options_.out, "h2: warning: %s\n", behind->c_str());
+    if (json_.is_open())
+      json_ << nlohmann::json{{"event", "host_behind"},
+                              {"step", s.step},
+                              {"message", *behind}}
+                 .dump()
+            << '\n';
+  }
   if (trace_)
     trace_step(s);
   if (json_.is_open()) {

@@ -3,6 +3,7 @@
 // Chrome/Perfetto trace of every chip's ops, and Prometheus metrics.
 #pragma once
 
+#include "h2/runtime/host_pace.hpp"
 #include "h2/runtime/observer.hpp"
 #include "h2/core/job.hpp"
 #include "h2/metrics/registry.hpp"
@@ -62,6 +63,7 @@ private:
   std::ofstream json_;
   std::unique_ptr<metrics::trace_writer> trace_;
   std::map<chip_id, int> stage_of_;
+  runtime::host_pace_watch host_pace_; ///< says once if the host lags
 };
 
 } // namespace h2::apps
