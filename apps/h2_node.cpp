@@ -17,6 +17,7 @@
 #include <cstdlib>
 #include <iostream>
 #include <netdb.h>
+#include <optional>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -34,6 +35,8 @@ struct node_flags {
   std::vector<int> exclude;
   int restarts = 0;
   std::string test_fault; ///< --test-fault: tests of the [ditorch] check
+  pid_t launcher_pid = 0;   ///< --launcher-pid: h2-launch --nodes sets it
+  std::string launcher_dir; ///< --launcher-dir: its temporary directory
   apps::run_flags run;
 };
 
@@ -305,6 +308,17 @@ int main(int argc, char** argv) {
                 "Test only: OP computes wrongly (x 1.05) in the [ditorch] "
                 "check")
     ->group(""); // hidden: not for users
-  return apps::parse_and_run(cli, argc, argv, "h2-node",
-                             [&] { return run_node(nf); });
+  // h2-launch --nodes: this node ends when the launcher is gone.
+  cli.add_option("--launcher-pid", nf.launcher_pid, "h2-launch's pid")
+    ->check(CLI::PositiveNumber)
+    ->group("");
+  cli.add_option("--launcher-dir", nf.launcher_dir,
+                 "h2-launch's temporary directory")
+    ->group("");
+  return apps::parse_and_run(cli, argc, argv, "h2-node", [&] {
+    std::optional<apps::launcher_watch> launcher;
+    if (nf.launcher_pid > 0)
+      launcher.emplace(nf.launcher_pid, nf.launcher_dir);
+    return run_node(nf);
+  });
 }

@@ -199,6 +199,7 @@ struct launch_state {
   std::shared_ptr<job_config> job; ///< as written, every node
   std::string job_path;            ///< the job file every node reads
   std::string secret;              ///< the secret file
+  std::string temp_dir; ///< removed by the nodes if this process dies
   signal_watcher& signals;
 };
 
@@ -250,7 +251,11 @@ attempt run_nodes(const launch_state& ls, const run_flags& f,
                                   "--secret-file",
                                   ls.secret,
                                   "--coordinator",
-                                  rank == lead ? "127.0.0.1:0" : *coordinator};
+                                  rank == lead ? "127.0.0.1:0" : *coordinator,
+                                  "--launcher-pid",
+                                  std::to_string(::getpid()),
+                                  "--launcher-dir",
+                                  ls.temp_dir};
     if (!excluded.empty())
       a.insert(a.end(), {"--exclude-nodes", joined(excluded)});
     if (restarts > 0)
@@ -442,7 +447,7 @@ int launch_nodes(const launch_options& o) {
     std::ofstream(job_path) << job_text("");
   }
   signal_watcher signals(nullptr);
-  const launch_state ls{o, job, job_path, secret, signals};
+  const launch_state ls{o, job, job_path, secret, tmp.path(), signals};
 
   // A node that dies ends the job everywhere; with [restart] the job goes
   // on without it, from its last checkpoint, up to restart.max times.

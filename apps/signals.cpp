@@ -1,12 +1,31 @@
 #include "h2/apps/signals.hpp"
 
+#include "h2/apps/exit_codes.hpp"
+#include "h2/core/files.hpp"
+
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <ctime>
 
 namespace h2::apps {
 
 namespace {
+
+/// Whether `dir` is what h2-launch's temp_dir creates: /tmp/h2-launch-*,
+/// a directory (not a link) of this user.
+bool is_launcher_dir(const std::string& dir) {
+  static const std::string prefix = "/tmp/h2-launch-";
+  if (dir.size() <= prefix.size() || dir.compare(0, prefix.size(), prefix) != 0 ||
+      dir.find('/', prefix.size()) != std::string::npos)
+    return false;
+  struct stat st {};
+  return ::lstat(dir.c_str(), &st) == 0 && S_ISDIR(st.st_mode) &&
+         st.st_uid == ::geteuid();
+}
 
 sigset_t stop_signals() {
   sigset_t set;
@@ -71,6 +90,39 @@ signal_watcher::abort_scope::~abort_scope() {
 }
 
 signal_watcher::~signal_watcher() {
+  done_.store(true);
+  if (thread_.joinable())
+    thread_.join();
+}
+
+launcher_watch::launcher_watch(pid_t launcher, std::string temp_dir,
+                               std::chrono::milliseconds grace) {
+  std::signal(SIGPIPE, SIG_IGN);
+  thread_ = std::thread([this, launcher, dir = std::move(temp_dir), grace] {
+    while (!done_.load()) {
+      if (::getppid() != launcher) {
+        on_orphaned(dir, grace);
+        return;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+  });
+}
+
+void launcher_watch::on_orphaned(const std::string& temp_dir,
+                                 std::chrono::milliseconds grace) {
+  if (is_launcher_dir(temp_dir))
+    h2::remove_tree(temp_dir); // another node may have removed it first
+  ::kill(::getpid(), SIGTERM);
+  const auto deadline = std::chrono::steady_clock::now() + grace;
+  while (!done_.load()) {
+    if (std::chrono::steady_clock::now() >= deadline)
+      std::_Exit(exit_signal_base + SIGTERM);
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+}
+
+launcher_watch::~launcher_watch() {
   done_.store(true);
   if (thread_.joinable())
     thread_.join();

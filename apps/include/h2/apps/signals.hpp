@@ -3,10 +3,14 @@
 // taken by a dedicated thread (sigwait), never by an async handler.
 #pragma once
 
+#include <sys/types.h>
+
 #include <atomic>
+#include <chrono>
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <thread>
 
 namespace h2::apps {
@@ -60,6 +64,36 @@ private:
   std::mutex scoped_mutex_; ///< held while scoped_abort_ runs
   std::function<void()> scoped_abort_;
   bool announce_;
+  std::thread thread_;
+};
+
+/// An h2-node started by h2-launch --nodes ends when its launcher is gone,
+/// by any signal, SIGKILL included (docs/cli.md, "h2-launch --nodes"). A
+/// thread polls getppid() every 50 ms (a node whose launcher died is
+/// reparented); then it removes the launcher's temporary directory (the
+/// secret the launcher wrote), raises SIGTERM (the signal_watcher stops the
+/// run at the next step boundary) and, if the process still runs
+/// `grace` later, ends it with exit_signal_base + SIGTERM. SIGPIPE is
+/// ignored from the start, so that writing to the dead launcher's pipes
+/// does not kill the node before it has cleaned up.
+class launcher_watch {
+public:
+  /// `temp_dir` is removed only when it is a directory of this user named
+  /// /tmp/h2-launch-* (what h2-launch creates); "" for none.
+  launcher_watch(pid_t launcher, std::string temp_dir,
+                 std::chrono::milliseconds grace = default_grace);
+  ~launcher_watch();
+
+  launcher_watch(const launcher_watch&) = delete;
+  launcher_watch& operator=(const launcher_watch&) = delete;
+
+  static constexpr std::chrono::milliseconds default_grace{1500};
+
+private:
+  void on_orphaned(const std::string& temp_dir,
+                   std::chrono::milliseconds grace);
+
+  std::atomic<bool> done_{false};
   std::thread thread_;
 };
 
