@@ -113,10 +113,16 @@ void sync_directory(const std::filesystem::path& dir) {
 }
 
 int open_for_reading(const std::filesystem::path& path, std::uint64_t& bytes) {
-  fd_guard fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  // O_NONBLOCK: opening a FIFO would wait for a writer. It changes nothing
+  // for a regular file, the only kind that is read.
+  fd_guard fd(
+    ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK));
   if (fd.get() < 0) {
     if (errno == ENOENT)
       throw checkpoint_error(checkpoint_errc::missing, path, "no such file");
+    if (errno == ELOOP)
+      throw checkpoint_error(checkpoint_errc::corrupt, path,
+                             "a symbolic link, not a regular file");
     throw_errno(checkpoint_errc::io, path, "cannot open");
   }
   struct stat st {};
@@ -127,6 +133,32 @@ int open_for_reading(const std::filesystem::path& path, std::uint64_t& bytes) {
                            "not a regular file");
   bytes = static_cast<std::uint64_t>(st.st_size);
   return fd.release();
+}
+
+void check_json_depth(std::string_view text,
+                      const std::filesystem::path& file) {
+  int depth = 0;
+  bool in_string = false;
+  for (std::size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (in_string) {
+      if (c == '\\')
+        ++i; // the escaped character cannot end the string
+      else if (c == '"')
+        in_string = false;
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      if (++depth > max_json_depth)
+        throw checkpoint_error(checkpoint_errc::corrupt, file,
+                               "JSON nested deeper than " +
+                                 std::to_string(max_json_depth) +
+                                 " levels (at byte " + std::to_string(i) +
+                                 ")");
+    } else if (c == ']' || c == '}') {
+      --depth;
+    }
+  }
 }
 
 std::string read_small_file(const std::filesystem::path& path,

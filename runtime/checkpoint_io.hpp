@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <span>
 #include <string>
+#include <string_view>
 
 namespace h2::runtime::detail {
 
@@ -34,9 +35,22 @@ write_file_synced(const std::filesystem::path& path,
 void sync_directory(const std::filesystem::path& dir);
 
 /// Opens `path` read-only and returns its descriptor (the caller closes it).
-/// Throws `missing` if it does not exist, `corrupt` if it is not a regular
-/// file, `io` otherwise. `bytes` receives its size.
+/// A checkpoint directory is hostile input: a symbolic link or anything not
+/// a regular file (a FIFO, a device) is refused before a byte is read, and
+/// opening never blocks. Throws `missing` if it does not exist, `corrupt`
+/// if it is a link or not a regular file, `io` otherwise. `bytes` receives
+/// its size.
 int open_for_reading(const std::filesystem::path& path, std::uint64_t& bytes);
+
+/// The deepest JSON that checkpoint files may hold: arrays and objects
+/// nested at most this far (H2 writes at most 4 levels).
+inline constexpr int max_json_depth = 64;
+
+/// Throws `corrupt` when `text` nests arrays and objects deeper than
+/// max_json_depth, before anything parses it: nlohmann's dump() recurses a
+/// level at a time, so a million nested arrays would exhaust the stack.
+/// Brackets inside strings do not count.
+void check_json_depth(std::string_view text, const std::filesystem::path& file);
 
 /// The whole of `path`, a file of at most `max_bytes` (else `corrupt`):
 /// `missing`, `io` as open_for_reading().

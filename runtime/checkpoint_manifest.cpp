@@ -187,6 +187,7 @@ checkpoint_manifest parse_manifest(std::string_view text,
   if (text.empty())
     throw checkpoint_error(checkpoint_errc::truncated, file, "empty file");
 
+  detail::check_json_depth(text, file);
   json j;
   try {
     j = json::parse(text);

@@ -168,6 +168,7 @@ void safetensors_reader::parse_header(const std::string& text,
   auto bad = [&](const std::string& why) {
     return checkpoint_error(checkpoint_errc::corrupt, path_, why);
   };
+  detail::check_json_depth(text, path_);
   json header;
   try {
     header = json::parse(text);

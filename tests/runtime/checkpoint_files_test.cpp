@@ -18,6 +18,7 @@
 #include <iterator>
 
 #include <signal.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -518,6 +519,84 @@ const damage_case damage_cases[] = {
    },
    checkpoint_errc::mismatch, "layer-00001.safetensors", "holds layer 0"},
 };
+
+// --- Hostile directories (issue 24): refused, never hung on or crashed by.
+
+/// `file` replaced by a FIFO that no one writes: opening it to read would
+/// wait forever.
+void make_fifo(const fs::path& file) {
+  fs::remove(file);
+  ASSERT_EQ(::mkfifo(file.c_str(), 0600), 0) << std::strerror(errno);
+}
+
+/// JSON of `depth` nested arrays.
+std::string nested_arrays(std::size_t depth) {
+  return std::string(depth, '[') + std::string(depth, ']');
+}
+
+const damage_case hostile_cases[] = {
+  {"manifest_is_a_fifo", [](const fs::path& d) { make_fifo(manifest_path(d)); },
+   checkpoint_errc::corrupt, "manifest.json", "not a regular file"},
+  {"layer_file_is_a_fifo",
+   [](const fs::path& d) { make_fifo(d / layer_file_name(1)); },
+   checkpoint_errc::corrupt, "layer-00001.safetensors", "not a regular file"},
+  {"manifest_is_a_symbolic_link",
+   [](const fs::path& d) {
+     // To a valid manifest: a link is refused for what it is.
+     fs::rename(manifest_path(d), d / "elsewhere.json");
+     fs::create_symlink(d / "elsewhere.json", manifest_path(d));
+   },
+   checkpoint_errc::corrupt, "manifest.json", "a symbolic link"},
+  {"manifest_nested_a_million_deep",
+   [](const fs::path& d) {
+     // Probe: a recursive dump() of this crashed the reader (SIGSEGV).
+     std::ofstream(manifest_path(d), std::ios::trunc)
+       << "{\"format\": " << nested_arrays(1'000'000) << "}";
+   },
+   checkpoint_errc::corrupt, "manifest.json", "nested deeper than 64"},
+  {"layer_header_nested_deep",
+   [](const fs::path& d) {
+     const auto file = d / layer_file_name(0);
+     const auto bytes = read_bytes(file);
+     const std::uint64_t length = header_length(bytes);
+     write_bytes(file, assemble("{\"x\": " + nested_arrays(100'000) + "}",
+                                {bytes.begin() + 8 + length, bytes.end()}));
+     rerecord(d, 0);
+   },
+   checkpoint_errc::corrupt, "layer-00000.safetensors", "nested deeper"},
+};
+
+INSTANTIATE_TEST_SUITE_P(hostile, runtime_checkpoint_damage,
+                         ::testing::ValuesIn(hostile_cases),
+                         [](const ::testing::TestParamInfo<damage_case>& info) {
+                           return std::string(info.param.name);
+                         });
+
+TEST(runtime_checkpoint_files, brackets_inside_strings_do_not_nest) {
+  temp_dir root;
+  auto m = sample_manifest(3);
+  m.job_toml = "name = \"" + std::string(1000, '[') + "\\\"{\"";
+  const auto dir = write_checkpoint(root.path(), m, sample_layers());
+  EXPECT_EQ(read_checkpoint(dir).manifest.job_toml, m.job_toml);
+}
+
+TEST(runtime_checkpoint_files, latest_skips_a_hostile_directory_in_one_line) {
+  temp_dir root;
+  const auto layers = sample_layers();
+  const auto good = write_checkpoint(root.path(), sample_manifest(10), layers);
+  const auto deep = write_checkpoint(root.path(), sample_manifest(20), layers);
+  std::ofstream(manifest_path(deep), std::ios::trunc)
+    << nested_arrays(1'000'000);
+  const auto fifo = write_checkpoint(root.path(), sample_manifest(30), layers);
+  make_fifo(manifest_path(fifo));
+  std::vector<std::string> log;
+  EXPECT_EQ(latest_checkpoint(root.path(),
+                              [&](const std::string& l) { log.push_back(l); }),
+            good);
+  ASSERT_EQ(log.size(), 2u);
+  EXPECT_NE(log[0].find("not a regular file"), std::string::npos) << log[0];
+  EXPECT_NE(log[1].find("nested deeper"), std::string::npos) << log[1];
+}
 
 INSTANTIATE_TEST_SUITE_P(runtime_checkpoint_files, runtime_checkpoint_damage,
                          ::testing::ValuesIn(damage_cases),
