@@ -19,7 +19,8 @@ namespace {
 /// a directory (not a link) of this user.
 bool is_launcher_dir(const std::string& dir) {
   static const std::string prefix = "/tmp/h2-launch-";
-  if (dir.size() <= prefix.size() || dir.compare(0, prefix.size(), prefix) != 0 ||
+  if (dir.size() <= prefix.size() ||
+      dir.compare(0, prefix.size(), prefix) != 0 ||
       dir.find('/', prefix.size()) != std::string::npos)
     return false;
   struct stat st {};

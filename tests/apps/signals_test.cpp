@@ -205,7 +205,7 @@ std::string argument_of(pid_t pid, const std::string& flag) {
 }
 
 TEST(apps_launcher_death, sigkill_of_the_launcher_ends_its_nodes_and_secret) {
-  // Issue 24's probe: with -q, the nodes of a launcher killed by SIGKILL
+  // A probe found that with -q the nodes of a launcher killed by SIGKILL
   // trained on and its secret directory stayed (docs/cli.md, "Several
   // processes").
   scratch_dir dir;

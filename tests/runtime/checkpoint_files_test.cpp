@@ -520,7 +520,7 @@ const damage_case damage_cases[] = {
    checkpoint_errc::mismatch, "layer-00001.safetensors", "holds layer 0"},
 };
 
-// --- Hostile directories (issue 24): refused, never hung on or crashed by.
+// --- Hostile directories: refused, never hung on or crashed by.
 
 /// `file` replaced by a FIFO that no one writes: opening it to read would
 /// wait forever.

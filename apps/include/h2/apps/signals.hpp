@@ -68,7 +68,7 @@ private:
 };
 
 /// An h2-node started by h2-launch --nodes ends when its launcher is gone,
-/// by any signal, SIGKILL included (docs/cli.md, "h2-launch --nodes"). A
+/// by any signal, SIGKILL included (docs/cli.md, "Several processes"). A
 /// thread polls getppid() every 50 ms (a node whose launcher died is
 /// reparented); then it removes the launcher's temporary directory (the
 /// secret the launcher wrote), raises SIGTERM (the signal_watcher stops the
