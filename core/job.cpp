@@ -1,11 +1,11 @@
 #include "h2/core/job.hpp"
 
+#include "job_readers.hpp"
 #include "toml_reader.hpp"
 
 #include <algorithm>
 #include <cmath>
 #include <fstream>
-#include <set>
 #include <sstream>
 
 namespace h2 {
@@ -70,82 +70,30 @@ const chip_spec* job_config::find_chip(const chip_id& id) const {
   return nullptr;
 }
 
-chip_profile host_cpu_profile() {
-  chip_profile p;
-  p.name = "cpu";
-  p.vendor = "host";
-  p.model = "host CPU";
-  std::ifstream cpuinfo("/proc/cpuinfo");
-  for (std::string line; std::getline(cpuinfo, line);) {
-    if (line.rfind("model name", 0) == 0) {
-      auto colon = line.find(':');
-      if (colon != std::string::npos)
-        p.model = line.substr(std::min(colon + 2, line.size()));
-      break;
-    }
-  }
-  std::ifstream meminfo("/proc/meminfo");
-  for (std::string key; meminfo >> key;) {
-    std::uint64_t kib = 0;
-    meminfo >> kib;
-    if (key == "MemTotal:") {
-      p.memory_bytes = kib * 1024;
-      break;
-    }
-    meminfo.ignore(1 << 16, '\n');
-  }
-  p.source = "/proc/cpuinfo and /proc/meminfo of this host";
-  return p;
-}
-
 namespace {
 
+using detail::enum_value;
+using detail::number_in;
+using detail::positive_int;
 using detail::table_reader;
 
 /// The Markov source keeps a dense states x states matrix (128 MiB here).
 constexpr int max_markov_states = 4096;
 
-int positive_int(table_reader& t, std::string_view key,
-                 std::optional<int> fallback = std::nullopt, int min = 1) {
-  auto v = t.maybe<std::int64_t>(key);
-  if (!v) {
-    if (fallback)
-      return *fallback;
-    throw config_error(t.path(key), "missing required key");
-  }
-  if (*v < min || *v > (1LL << 30))
-    throw config_error(t.path(key),
-                       "expected an integer >= " + std::to_string(min) +
-                         ", got " + std::to_string(*v));
-  return static_cast<int>(*v);
-}
-
-double number_in(table_reader& t, std::string_view key, double fallback,
-                 double lo, double hi, bool lo_open = false) {
-  auto v = t.maybe<double>(key);
-  if (!v)
-    return fallback;
-  bool ok = std::isfinite(*v) && (lo_open ? *v > lo : *v >= lo) && *v <= hi;
-  if (!ok) {
-    std::ostringstream msg;
-    msg << "expected a number in " << (lo_open ? "(" : "[") << lo << ", " << hi
-        << "], got " << *v;
-    throw config_error(t.path(key), msg.str());
-  }
-  return *v;
-}
-
-template <class Enum, class Parse>
-Enum enum_value(table_reader& t, std::string_view key, Enum fallback,
-                std::string_view choices, Parse parse) {
-  auto v = t.maybe<std::string>(key);
-  if (!v)
-    return fallback;
-  if (auto e = parse(*v))
-    return *e;
-  throw config_error(t.path(key), "expected one of " + std::string(choices) +
-                                    ", got \"" + *v + "\"");
-}
+/// Bounds of the model's and the batch's sizes (docs/job-file.md), far
+/// above any model trained today, that keep every size derived from them
+/// (parameters, bytes, tokens per step) inside a 64-bit integer, and every
+/// default (d_ff = 4 d_model) inside an int.
+constexpr int max_vocab_size = 1 << 24;
+constexpr int max_seq_len = 1 << 20;
+constexpr int max_d_model = 1 << 16;
+constexpr int max_n_head = 1 << 12;
+constexpr int max_n_layer = 1 << 13;
+constexpr int max_d_ff = 1 << 20;
+constexpr int max_sequences = 1 << 20; ///< global_batch, micro_batch
+/// Elements of one micro-batch's largest activation (the attention scores
+/// or the widest of d_model, d_ff and the logits): 2^40 fp32 is 4 TiB.
+constexpr double max_activation_elements = 1099511627776.0;
 
 void read_job_section(table_reader& root, job_config& job) {
   auto t = root.maybe_table("job");
@@ -162,12 +110,13 @@ void read_job_section(table_reader& root, job_config& job) {
 void read_model(table_reader& root, job_config& job) {
   auto t = root.required_table("model");
   auto& m = job.model;
-  m.vocab_size = positive_int(t, "vocab_size", std::nullopt, 2);
-  m.seq_len = positive_int(t, "seq_len");
-  m.d_model = positive_int(t, "d_model");
-  m.n_head = positive_int(t, "n_head");
-  m.n_layer = positive_int(t, "n_layer");
-  m.d_ff = positive_int(t, "d_ff", 4 * m.d_model);
+  m.vocab_size =
+    positive_int(t, "vocab_size", std::nullopt, 2, max_vocab_size);
+  m.seq_len = positive_int(t, "seq_len", std::nullopt, 1, max_seq_len);
+  m.d_model = positive_int(t, "d_model", std::nullopt, 1, max_d_model);
+  m.n_head = positive_int(t, "n_head", std::nullopt, 1, max_n_head);
+  m.n_layer = positive_int(t, "n_layer", std::nullopt, 1, max_n_layer);
+  m.d_ff = positive_int(t, "d_ff", 4 * m.d_model, 1, max_d_ff);
   if (m.d_model % m.n_head != 0)
     throw config_error(t.path("n_head"), std::to_string(m.n_head) +
                                            " does not divide "
@@ -214,17 +163,36 @@ void read_data(table_reader& root, job_config& job) {
   t.finish();
 }
 
+/// Refuses a micro-batch whose largest activation has more than
+/// max_activation_elements elements (computed in double: no overflow).
+void check_activation_size(const gpt_config& m, int micro_batch,
+                           const std::string& key) {
+  const double tokens = static_cast<double>(micro_batch) * m.seq_len;
+  const double widest = std::max({m.d_model, m.d_ff, m.vocab_size});
+  const double elements =
+    std::max(tokens * widest, tokens * m.n_head * m.seq_len);
+  if (elements > max_activation_elements) {
+    std::ostringstream msg;
+    msg << "a micro-batch of " << micro_batch << " sequences of "
+        << m.seq_len << " tokens makes tensors of " << elements
+        << " elements (over 2^40)";
+    throw config_error(key, msg.str());
+  }
+}
+
 void read_train(table_reader& root, job_config& job) {
   auto t = root.required_table("train");
   auto& tr = job.train;
   tr.steps = positive_int(t, "steps", tr.steps);
-  tr.global_batch = positive_int(t, "global_batch");
-  tr.micro_batch = positive_int(t, "micro_batch", 1);
+  tr.global_batch =
+    positive_int(t, "global_batch", std::nullopt, 1, max_sequences);
+  tr.micro_batch = positive_int(t, "micro_batch", 1, 1, max_sequences);
   if (tr.global_batch % tr.micro_batch != 0)
     throw config_error(t.path("micro_batch"),
                        std::to_string(tr.micro_batch) +
                          " does not divide train.global_batch = " +
                          std::to_string(tr.global_batch));
+  check_activation_size(job.model, tr.micro_batch, t.path("micro_batch"));
   tr.lr = number_in(t, "lr", tr.lr, 0, 10, true);
   tr.min_lr = number_in(t, "min_lr", std::min(tr.min_lr, tr.lr), 0, tr.lr);
   tr.warmup_steps = positive_int(t, "warmup_steps", 0, 0);
@@ -274,197 +242,6 @@ void read_emulation(table_reader& root, job_config& job) {
     throw config_error(t->path("noise_seed"),
                        "expected a non-negative integer");
   e.noise_seed = static_cast<std::uint64_t>(seed);
-  t->finish();
-}
-
-chip_spec read_chip(const toml::node& node, const std::string& path,
-                    const job_config& job) {
-  chip_spec c;
-  std::optional<std::string> dtype_name;
-  std::string dtype_path = path;
-  if (auto s = node.value_exact<std::string>()) {
-    c.device = *s;
-  } else if (node.is_table()) {
-    table_reader t(*node.as_table(), path);
-    c.device = t.required<std::string>("device");
-    dtype_name = t.maybe<std::string>("dtype");
-    dtype_path = t.path("dtype");
-    t.finish();
-    if (!dtype_name)
-      dtype_path = path;
-  } else {
-    throw config_error(path, "expected a device string such as "
-                             "\"emulated:h100-sxm\" or a table {device = "
-                             "..., dtype = ...}, got " +
-                               std::string(detail::toml_type_name(node)));
-  }
-  std::string where = node.is_table() ? path + ".device" : path;
-  c = chip_of_device(c.device, where, job.profiles);
-  // Default dtype: bf16 where the chip has a bf16 peak (mixed precision, as
-  // LLM training runs), fp32 otherwise and on the host CPU.
-  bool emulated = c.backend == device_backend::emulated;
-  c.compute_dtype =
-    emulated && c.profile.peak_tflops_bf16 > 0 ? dtype::bf16 : dtype::fp32;
-  if (dtype_name) {
-    auto d = parse_dtype(*dtype_name);
-    if (!d || *d == dtype::fp16)
-      throw config_error(dtype_path,
-                         "expected \"fp32\" or \"bf16\", got \"" + *dtype_name +
-                           "\"" +
-                           (d ? " (fp16 training needs loss scaling, which "
-                                "H2 does not do; use bf16)"
-                              : ""));
-    c.compute_dtype = *d;
-    if (emulated && c.profile.peak_flops(*d) == 0)
-      throw config_error(dtype_path, c.profile.name + " (" + c.profile.model +
-                                       ") has no published " +
-                                       std::string(to_string(*d)) +
-                                       " peak; use another dtype");
-  }
-  return c;
-}
-
-void read_nodes(table_reader& root, job_config& job) {
-  const toml::array* nodes = root.maybe_array("nodes");
-  if (nodes == nullptr || nodes->empty())
-    throw config_error("nodes", "missing: declare at least one [[nodes]] "
-                                "table with a chips = [...] list");
-  int rank = 0;
-  for (const toml::node& n : *nodes) {
-    std::string path = "nodes[" + std::to_string(rank) + "]";
-    if (!n.is_table())
-      throw config_error(path, "expected a table ([[nodes]])");
-    table_reader t(*n.as_table(), path);
-    node_spec node;
-    node.rank = rank;
-    const toml::array* chips = t.maybe_array("chips");
-    if (chips == nullptr || chips->empty())
-      throw config_error(t.path("chips"),
-                         "missing: list the node's chips, e.g. chips = "
-                         "[\"emulated:h100-sxm\"]");
-    int index = 0;
-    for (const toml::node& c : *chips) {
-      auto chip =
-        read_chip(c, t.path("chips") + "[" + std::to_string(index) + "]", job);
-      chip.id = chip_id{rank, index};
-      node.chips.push_back(std::move(chip));
-      ++index;
-    }
-    t.finish();
-    job.nodes.push_back(std::move(node));
-    ++rank;
-  }
-}
-
-std::vector<chip_id> read_stage_chips(const toml::array& a,
-                                      const std::string& path,
-                                      const job_config& job) {
-  std::vector<chip_id> out;
-  std::set<chip_id> seen;
-  for (std::size_t i = 0; i < a.size(); ++i) {
-    std::string p = path + "[" + std::to_string(i) + "]";
-    auto s = detail::toml_value<std::string>(a[i], p);
-    auto id = chip_id::parse(s);
-    if (!id)
-      throw config_error(p, "expected a chip id \"<node>:<index>\", got \"" +
-                              s + "\"");
-    if (job.find_chip(*id) == nullptr)
-      throw config_error(p, "no chip " + s + " in [[nodes]]");
-    if (!seen.insert(*id).second)
-      throw config_error(p, "chip " + s + " appears twice");
-    out.push_back(*id);
-  }
-  return out;
-}
-
-void read_plan(table_reader& root, job_config& job) {
-  auto& p = job.plan;
-  toml::table none;
-  auto t = root.maybe_table("plan");
-  if (!t)
-    t.emplace(none, "plan");
-  p.mode = enum_value(*t, "mode", p.mode, "\"even\", \"manual\", \"auto\"",
-                      [](const std::string& s) -> std::optional<plan_mode> {
-                        if (s == "even")
-                          return plan_mode::even;
-                        if (s == "manual")
-                          return plan_mode::manual;
-                        if (s == "auto")
-                          return plan_mode::automatic;
-                        return std::nullopt;
-                      });
-  p.schedule =
-    enum_value(*t, "schedule", p.schedule, "\"gpipe\", \"1f1b\"",
-               [](const std::string& s) { return parse_schedule_kind(s); });
-  if (const toml::array* a = t->maybe_array("stages")) {
-    if (a->empty())
-      throw config_error(t->path("stages"), "expected at least one chip id");
-    p.stages = read_stage_chips(*a, t->path("stages"), job);
-  } else {
-    for (auto* c : job.chips())
-      p.stages.push_back(c->id);
-  }
-  const int stages = static_cast<int>(p.stages.size());
-  const int layers = job.model.num_layers();
-  const toml::array* layer_counts = t->maybe_array("layers");
-  if (p.mode == plan_mode::manual) {
-    if (layer_counts == nullptr)
-      throw config_error(t->path("layers"),
-                         "missing: plan.mode = \"manual\" needs the layers "
-                         "of every stage");
-    if (static_cast<int>(layer_counts->size()) != stages)
-      throw config_error(t->path("layers"),
-                         "has " + std::to_string(layer_counts->size()) +
-                           " entries but the plan has " +
-                           std::to_string(stages) + " stages");
-    int sum = 0;
-    for (std::size_t i = 0; i < layer_counts->size(); ++i) {
-      std::string path = t->path("layers") + "[" + std::to_string(i) + "]";
-      auto v = detail::toml_value<std::int64_t>((*layer_counts)[i], path);
-      if (v < 1 || v > layers)
-        throw config_error(path, "a stage needs between 1 and " +
-                                   std::to_string(layers) + " layers, got " +
-                                   std::to_string(v));
-      p.layers.push_back(static_cast<int>(v));
-      sum += static_cast<int>(v);
-    }
-    if (sum != layers)
-      throw config_error(t->path("layers"),
-                         "sums to " + std::to_string(sum) +
-                           " but the model "
-                           "has " +
-                           std::to_string(layers) + " layers (" +
-                           "embedding + " + std::to_string(job.model.n_layer) +
-                           " blocks + head)");
-  } else {
-    if (layer_counts != nullptr)
-      throw config_error(t->path("layers"),
-                         "only allowed with plan.mode = \"manual\"");
-    // auto: plan.stages lists the chips the planner may use; it chooses
-    // the pipeline depth itself.
-    if (p.mode == plan_mode::even && stages > layers)
-      throw config_error(t->path("stages"), std::to_string(stages) +
-                                              " stages but the model has "
-                                              "only " +
-                                              std::to_string(layers) +
-                                              " layers");
-  }
-  if (const toml::array* r = t->maybe_array("recompute")) {
-    if (p.mode == plan_mode::automatic)
-      throw config_error(t->path("recompute"),
-                         "not allowed with plan.mode = \"auto\" (the "
-                         "planner decides recomputation per stage)");
-    if (static_cast<int>(r->size()) != stages)
-      throw config_error(t->path("recompute"),
-                         "has " + std::to_string(r->size()) +
-                           " entries but the plan has " +
-                           std::to_string(stages) + " stages");
-    for (std::size_t i = 0; i < r->size(); ++i)
-      p.recompute.push_back(detail::toml_value<bool>(
-        (*r)[i], t->path("recompute") + "[" + std::to_string(i) + "]"));
-  } else {
-    p.recompute.assign(stages, false);
-  }
   t->finish();
 }
 
@@ -694,51 +471,6 @@ void read_admin(table_reader& root, job_config& job) {
   t->finish();
 }
 
-/// One [topology.<tier>] table: bandwidth_gb_per_s and latency_seconds,
-/// both optional (absent: the chips' own figures).
-void read_tier(table_reader& topology, std::string_view key,
-               tier_figures& out) {
-  auto t = topology.maybe_table(key);
-  if (!t)
-    return;
-  if (t->has("bandwidth_gb_per_s")) {
-    double v = t->required<double>("bandwidth_gb_per_s");
-    if (!(v > 0)) // inf is allowed: transfers then cost only the latency
-      throw config_error(t->path("bandwidth_gb_per_s"),
-                         "expected a positive number (inf allowed)");
-    out.bandwidth_bytes_per_second = v * 1e9;
-  }
-  if (t->has("latency_seconds"))
-    out.latency_seconds = number_in(*t, "latency_seconds", 0, 0, 10);
-  t->finish();
-}
-
-void read_topology(table_reader& root, job_config& job) {
-  auto t = root.maybe_table("topology");
-  if (!t)
-    return;
-  auto& topo = job.topology;
-  topo.nodes_per_host = positive_int(*t, "nodes_per_host", 1);
-  read_tier(*t, "same_node", topo.same_node);
-  read_tier(*t, "same_host", topo.same_host);
-  read_tier(*t, "between_hosts", topo.between_hosts);
-  read_tier(*t, "between_islands", topo.between_islands);
-  t->finish();
-}
-
-void read_profiles(table_reader& root, job_config& job) {
-  job.profiles = catalog::builtin();
-  auto t = root.maybe_table("profiles");
-  if (!t)
-    return;
-  t->mark_all_used();
-  for (auto&& [key, node] : t->table()) {
-    std::string name(key.str());
-    auto pt = t->maybe_table(name);
-    job.profiles.add(detail::read_profile(*pt, name), pt->path());
-  }
-}
-
 } // namespace
 
 job_config parse_job(std::string_view toml_text, const std::string& origin) {
@@ -747,14 +479,14 @@ job_config parse_job(std::string_view toml_text, const std::string& origin) {
   job.origin = origin;
   table_reader top(root, "");
   // Order matters: profiles before nodes, nodes before the plan.
-  read_profiles(top, job);
+  detail::read_profiles(top, job);
   read_job_section(top, job);
   read_model(top, job);
   read_data(top, job);
   read_train(top, job);
   read_emulation(top, job);
-  read_nodes(top, job);
-  read_plan(top, job);
+  detail::read_nodes(top, job);
+  detail::read_plan(top, job);
   read_metrics(top, job);
   read_transport(top, job);
   read_runtime(top, job);
@@ -767,7 +499,7 @@ job_config parse_job(std::string_view toml_text, const std::string& origin) {
   read_rebalance(top, job);
   read_drills(top, job);
   read_admin(top, job);
-  read_topology(top, job);
+  detail::read_topology(top, job);
   top.finish();
   return job;
 }
@@ -775,49 +507,6 @@ job_config parse_job(std::string_view toml_text, const std::string& origin) {
 bool is_gpu(const chip_spec& chip) noexcept {
   return chip.backend == device_backend::cuda ||
          chip.backend == device_backend::hip;
-}
-
-chip_spec chip_of_device(const std::string& device, const std::string& where,
-                         const catalog& profiles) {
-  chip_spec c;
-  c.device = device;
-  auto colon = c.device.find(':');
-  std::string kind = c.device.substr(0, colon);
-  std::string arg =
-    colon == std::string::npos ? "" : c.device.substr(colon + 1);
-  if (kind == "cpu" && arg.empty()) {
-    c.backend = device_backend::cpu;
-    c.profile = host_cpu_profile();
-  } else if (kind == "emulated") {
-    c.backend = device_backend::emulated;
-    const chip_profile* p = profiles.find(arg);
-    if (p == nullptr) {
-      std::string known;
-      for (auto& n : profiles.names())
-        known += (known.empty() ? "" : ", ") + n;
-      throw config_error(where, "unknown chip profile '" + arg +
-                                  "' (known: " + known + ")");
-    }
-    c.profile = *p;
-  } else if (kind == "cuda" || kind == "hip") {
-    c.backend = kind == "cuda" ? device_backend::cuda : device_backend::hip;
-    int index = -1;
-    if (!arg.empty() && arg.size() <= 4 &&
-        arg.find_first_not_of("0123456789") == std::string::npos)
-      index = std::stoi(arg);
-    if (index < 0)
-      throw config_error(where, "expected " + kind + ":<device index>, got \"" +
-                                  c.device + "\"");
-    c.device_index = index;
-    c.profile.name = c.device;
-    c.profile.vendor = kind == "cuda" ? "NVIDIA" : "AMD";
-    c.profile.model = c.device;
-  } else {
-    throw config_error(where, "unknown device \"" + c.device +
-                                "\" (expected cpu, emulated:<profile>, "
-                                "cuda:<n> or hip:<n>)");
-  }
-  return c;
 }
 
 job_config load_job_file(const std::string& path) {

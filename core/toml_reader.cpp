@@ -1,6 +1,8 @@
 #include "toml_reader.hpp"
 
 #include <algorithm>
+#include <cmath>
+#include <sstream>
 #include <vector>
 
 namespace h2::detail {
@@ -73,6 +75,37 @@ closest_key(std::string_view key, const std::set<std::string>& candidates) {
     }
   }
   return best;
+}
+
+int positive_int(table_reader& t, std::string_view key,
+                 std::optional<int> fallback, int min, int max) {
+  auto v = t.maybe<std::int64_t>(key);
+  if (!v) {
+    if (fallback)
+      return *fallback;
+    throw config_error(t.path(key), "missing required key");
+  }
+  if (*v < min || *v > max)
+    throw config_error(t.path(key), "expected an integer " +
+                                      (*v < min ? ">= " + std::to_string(min)
+                                                : "<= " + std::to_string(max)) +
+                                      ", got " + std::to_string(*v));
+  return static_cast<int>(*v);
+}
+
+double number_in(table_reader& t, std::string_view key, double fallback,
+                 double lo, double hi, bool lo_open) {
+  auto v = t.maybe<double>(key);
+  if (!v)
+    return fallback;
+  bool ok = std::isfinite(*v) && (lo_open ? *v > lo : *v >= lo) && *v <= hi;
+  if (!ok) {
+    std::ostringstream msg;
+    msg << "expected a number in " << (lo_open ? "(" : "[") << lo << ", " << hi
+        << "], got " << *v;
+    throw config_error(t.path(key), msg.str());
+  }
+  return *v;
 }
 
 } // namespace h2::detail

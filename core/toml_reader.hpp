@@ -145,4 +145,29 @@ private:
   std::set<std::string> used_;
 };
 
+/// The integer at `key`, in [min, max]; `fallback` when absent (else
+/// "missing required key").
+int positive_int(table_reader& t, std::string_view key,
+                 std::optional<int> fallback = std::nullopt, int min = 1,
+                 int max = 1 << 30);
+
+/// The finite number at `key`, in [lo, hi] ((lo, hi] when `lo_open`);
+/// `fallback` when absent.
+double number_in(table_reader& t, std::string_view key, double fallback,
+                 double lo, double hi, bool lo_open = false);
+
+/// The string at `key` as an enumerator through `parse` (which returns an
+/// optional); `fallback` when absent, else a config_error listing `choices`.
+template <class Enum, class Parse>
+Enum enum_value(table_reader& t, std::string_view key, Enum fallback,
+                std::string_view choices, Parse parse) {
+  auto v = t.maybe<std::string>(key);
+  if (!v)
+    return fallback;
+  if (auto e = parse(*v))
+    return *e;
+  throw config_error(t.path(key), "expected one of " + std::string(choices) +
+                                    ", got \"" + *v + "\"");
+}
+
 } // namespace h2::detail
