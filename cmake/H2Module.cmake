@@ -61,12 +61,9 @@ endfunction()
 # h2_add_test(<name> SOURCES ... DEPS ... [TIMEOUT s] [LABELS ...])
 # One GoogleTest executable per module, compiled in unity batches
 # (h2_unity) and registered with CTest a suite per entry (h2_add_suites)
-# with the given timeout per test.
+# with the given timeout per test (h2_add_suites' default without one).
 function(h2_add_test name)
   cmake_parse_arguments(ARG "" "TIMEOUT" "SOURCES;DEPS;LABELS" ${ARGN})
-  if(NOT ARG_TIMEOUT)
-    set(ARG_TIMEOUT 120)
-  endif()
   add_executable(${name} ${ARG_SOURCES})
   h2_unity(${name})
   target_link_libraries(${name} PRIVATE h2_flags ${ARG_DEPS} GTest::gtest
