@@ -1,6 +1,7 @@
 #include "h2/apps/app.hpp"
 
 #include "h2/actors/errors.hpp"
+#include "h2/core/text.hpp"
 #include "h2/apps/exit_codes.hpp"
 #include "h2/core/error.hpp"
 
@@ -10,9 +11,10 @@ namespace h2::apps {
 
 namespace {
 
-/// The first line of `what`: messages stay one line whatever wrapped them.
+/// The first line of `what`, printable: messages stay one line whatever
+/// wrapped them, and a name from a job file cannot drive the terminal.
 std::string first_line(const std::string& what) {
-  return what.substr(0, what.find('\n'));
+  return printable(what.substr(0, what.find('\n')));
 }
 
 } // namespace

@@ -10,6 +10,8 @@
 #include "h2/devices/cpu_bf16.hpp"
 #include "h2/devices/device_context.hpp"
 
+#include "h2/core/text.hpp"
+
 #include <CLI/CLI.hpp>
 
 #include <cmath>
@@ -105,7 +107,7 @@ int run(const options& o) {
   std::cout << "h2-opcheck: " << o.device << " (" << o.dtype << ") against "
             << o.reference << " (fp64 for linear, attention, layer_norm, "
             << "softmax and cross_entropy; fp32 otherwise); shapes of job \""
-            << job->name << "\": batch " << job->train.micro_batch
+            << printable(job->name) << "\": batch " << job->train.micro_batch
             << ", seq_len " << g.seq_len << ", d_model " << g.d_model
             << ", heads " << g.n_head << ", d_ff " << g.d_ff << ", vocab "
             << g.vocab_size << ", seed " << job->seed << std::endl;

@@ -12,6 +12,8 @@
 #include "h2/scheduler/planner.hpp"
 #include "h2/scheduler/timeline_svg.hpp"
 
+#include "h2/core/text.hpp"
+
 #include <CLI/CLI.hpp>
 
 #include <chrono>
@@ -205,7 +207,7 @@ int run(const options& opt) {
     write_file(opt.svg,
                scheduler::render_svg(
                  report.sim, labels_of(job, result.value),
-                 "h2-plan: " + job.name + ", predicted step " +
+                 "h2-plan: " + printable(job.name) + ", predicted step " +
                    seconds_text(report.step_seconds) + ", " +
                    fmt("%.0f", report.tokens_per_second) + " tokens/s"));
   if (opt.json) {
@@ -215,7 +217,7 @@ int run(const options& opt) {
   std::map<std::string, int> kinds;
   for (const auto* c : pl.chips())
     ++kinds[c->profile.name];
-  std::cout << "h2-plan: job \"" << job.name
+  std::cout << "h2-plan: job \"" << printable(job.name)
             << "\": " << model_parameters(job.model) << "-parameter GPT, "
             << job.model.num_layers() << " layers, " << to_string(pl.schedule())
             << ", " << pl.chips().size() << " chip"

@@ -1,6 +1,7 @@
 #include "h2/apps/reporter.hpp"
 
 #include "h2/core/error.hpp"
+#include "h2/core/text.hpp"
 #include "h2/scheduler/schedule.hpp"
 
 #include <nlohmann/json.hpp>
@@ -82,7 +83,8 @@ void reporter::on_setup(const plan& p,
       out,
       "h2: job \"%s\": %lld-parameter GPT, %d layers, %s "
       "schedule, %s clock\n",
-      job_.name.c_str(), static_cast<long long>(model_parameters(job_.model)),
+      printable(job_.name).c_str(),
+      static_cast<long long>(model_parameters(job_.model)),
       job_.model.num_layers(), std::string(to_string(p.schedule)).c_str(),
       std::string(to_string(job_.emulation.clock)).c_str());
   for (std::size_t ri = 0; ri < p.replicas.size(); ++ri) {

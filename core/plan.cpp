@@ -52,14 +52,19 @@ const json& member(const json& j, const char* key, const std::string& path) {
 }
 
 int int_member(const json& j, const char* key, const std::string& path,
-               int min) {
+               int min, long long max = 1LL << 30) {
   const json& v = member(j, key, path);
   if (!v.is_number_integer() || v.get<long long>() < min ||
-      v.get<long long>() > (1LL << 30))
-    throw config_error(path + "." + key,
-                       "expected an integer >= " + std::to_string(min));
+      v.get<long long>() > max)
+    throw config_error(path + "." + key, "expected an integer from " +
+                                           std::to_string(min) + " to " +
+                                           std::to_string(max));
   return v.get<int>();
 }
+
+/// Sequences a plan may hold per step: train.global_batch's bound
+/// (docs/job-file.md), so that no product of them overflows.
+constexpr long long max_plan_sequences = 1LL << 20;
 
 void reject_unknown(const json& j, const std::set<std::string>& known,
                     const std::string& path) {
@@ -98,6 +103,7 @@ plan plan_from_json(const std::string& text, const std::string& origin) {
   if (!kind)
     throw config_error(root + ".schedule", "expected \"gpipe\" or \"1f1b\"");
   p.schedule = *kind;
+  long long sequences = 0;
   const json& reps = member(j, "replicas", root);
   if (!reps.is_array() || reps.empty())
     throw config_error(root + ".replicas", "expected a non-empty array");
@@ -108,8 +114,17 @@ plan plan_from_json(const std::string& text, const std::string& origin) {
       throw config_error(rpath, "expected an object");
     reject_unknown(jr, {"micro_batch_size", "micro_batches", "stages"}, rpath);
     replica_plan r;
-    r.micro_batch_size = int_member(jr, "micro_batch_size", rpath, 1);
-    r.micro_batches = int_member(jr, "micro_batches", rpath, 1);
+    r.micro_batch_size =
+      int_member(jr, "micro_batch_size", rpath, 1, max_plan_sequences);
+    r.micro_batches =
+      int_member(jr, "micro_batches", rpath, 1, max_plan_sequences);
+    sequences += static_cast<long long>(r.micro_batch_size) * r.micro_batches;
+    if (sequences > max_plan_sequences)
+      throw config_error(rpath + ".micro_batches",
+                         "the plan holds " + std::to_string(sequences) +
+                           " sequences per step so far (micro_batch_size x "
+                           "micro_batches, summed over replicas); at most " +
+                           std::to_string(max_plan_sequences));
     const json& stages = member(jr, "stages", rpath);
     if (!stages.is_array() || stages.empty())
       throw config_error(rpath + ".stages", "expected a non-empty array");

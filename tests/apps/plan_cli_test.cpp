@@ -36,6 +36,27 @@ TEST(apps_plan_cli, prints_the_plan_and_why) {
       << r.out;
 }
 
+// Issue 24: a job name with terminal escape sequences is printed escaped
+// (the OSC sequence would set the terminal's title), and so are errors.
+TEST(apps_plan_cli, names_print_escaped) {
+  scratch_dir dir;
+  auto job = dir.write(
+    "job.toml", replaced(small_job, "name = \"e2e\"",
+                         "name = \"e2e\\u001b]0;pwned\\u0007\""));
+  auto r = run_plan(dir, {job.string()});
+  ASSERT_EQ(r.status.code, 0) << r.status.describe() << "\n" << r.err;
+  EXPECT_EQ(r.out.find('\x1b'), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("h2-plan: job \"e2e\\x1b]0;pwned\\x07\""),
+            std::string::npos)
+    << r.out;
+  auto bad = dir.write("bad.toml", replaced(small_job, "source = \"markov\"",
+                                            "source = \"\\u001b[2J\""));
+  r = run_plan(dir, {bad.string()});
+  EXPECT_EQ(r.status.code, 2) << r.err;
+  EXPECT_EQ(r.err.find('\x1b'), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("\\x1b[2J"), std::string::npos) << r.err;
+}
+
 TEST(apps_plan_cli, json_is_a_plan_h2_launch_accepts) {
   scratch_dir dir;
   auto job_path = dir.write("job.toml", small_job);

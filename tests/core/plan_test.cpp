@@ -97,7 +97,27 @@ TEST(core_plan, from_json_errors_name_the_json_path) {
   expect_rejected([](json& j) { j["extra"] = 1; }, "p.json.extra",
                   {"unknown key"});
   expect_rejected([](json& j) { j["replicas"][1]["micro_batches"] = 0; },
-                  "p.json.replicas[1].micro_batches", {">= 1"});
+                  "p.json.replicas[1].micro_batches", {"from 1 to"});
+  // Issue 24: sizes whose product overflowed plan::global_batch ("hold 0
+  // sequences per step") are refused where they are written.
+  expect_rejected(
+    [](json& j) { j["replicas"][0]["micro_batches"] = 1 << 30; },
+    "p.json.replicas[0].micro_batches", {"from 1 to 1048576"});
+  expect_rejected(
+    [](json& j) {
+      j["replicas"][0]["micro_batch_size"] = 1 << 20;
+      j["replicas"][0]["micro_batches"] = 1 << 20;
+    },
+    "p.json.replicas[0].micro_batches",
+    {"1099511627776 sequences", "at most 1048576"});
+  expect_rejected(
+    [](json& j) {
+      j["replicas"][0]["micro_batch_size"] = 1 << 19;
+      j["replicas"][0]["micro_batches"] = 1;
+      j["replicas"][1]["micro_batch_size"] = 1 << 19;
+      j["replicas"][1]["micro_batches"] = 2;
+    },
+    "p.json.replicas[1].micro_batches", {"summed over replicas"});
   expect_rejected([](json& j) { j["replicas"][0].erase("micro_batch_size"); },
                   "p.json.replicas[0].micro_batch_size", {"missing"});
   expect_rejected([](json& j) { j["replicas"][0]["stages"] = json::array(); },
