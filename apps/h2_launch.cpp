@@ -18,6 +18,9 @@ namespace {
 using namespace h2;
 
 int run_in_process(const std::string& job_path, const apps::run_flags& f) {
+  // From the start: a signal while a checkpoint loads ends the run too.
+  apps::signal_watcher signals(nullptr);
+  auto setting_up = signals.exiting("h2-launch");
   auto job = apps::load_job(job_path, f);
   apps::print_cpu_bf16("h2", job->chips(), std::cout);
   if (job->ditorch.check)
@@ -48,7 +51,8 @@ int run_in_process(const std::string& job_path, const apps::run_flags& f) {
   run.job_text = apps::job_text(job_path);
   run.replans = apps::replans_from(f, *job);
   run.admin = admin.inbox();
-  apps::signal_watcher signals([&local] { local.abort(); });
+  setting_up.reset();
+  const auto abort_local = signals.aborting([&local] { local.abort(); });
   runtime::run_summary summary;
   try {
     summary = local.run(run, reporter, signals.stop_flag());

@@ -81,6 +81,9 @@ std::string local_address_towards(const std::string& host) {
 }
 
 int run_node(node_flags& nf) {
+  // From the start: a signal while a checkpoint loads ends the node too.
+  apps::signal_watcher signals(nullptr);
+  auto setting_up = signals.exiting("h2-node");
   auto job = apps::load_job(nf.job_path, nf.run);
   apps::exclude_nodes(*job, nf.exclude);
   const auto& nodes = job->nodes;
@@ -232,8 +235,8 @@ int run_node(node_flags& nf) {
 
   // A second signal aborts the node while it lives (the watcher may fire
   // before it exists, and outlives it).
-  apps::signal_watcher signals(nullptr);
   o.stop = signals.stop_flag();
+  setting_up.reset();
   actors::cluster_node node(o);
   const auto abort_node = signals.aborting([&node] { node.abort(); });
   actors::node_outcome outcome;

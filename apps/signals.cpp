@@ -90,6 +90,16 @@ signal_watcher::abort_scope::~abort_scope() {
   watcher_.scoped_abort_ = nullptr;
 }
 
+std::unique_ptr<signal_watcher::abort_scope>
+signal_watcher::exiting(std::string program) {
+  return aborting([this, program = std::move(program)] {
+    std::fprintf(stderr, "%s: aborted by signal %d while setting up\n",
+                 program.c_str(), signal());
+    std::fflush(nullptr);
+    std::_Exit(exit_signal_base + signal());
+  });
+}
+
 signal_watcher::~signal_watcher() {
   done_.store(true);
   if (thread_.joinable())

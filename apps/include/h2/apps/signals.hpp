@@ -56,6 +56,14 @@ public:
     return std::make_unique<abort_scope>(*this, std::move(on_abort));
   }
 
+  /// While it lives, a second signal ends the process at once with
+  /// exit_signal_base + the signal, after one line naming `program`: the
+  /// set-up before a run (reading the job, planning, reading a checkpoint
+  /// to resume) has no step boundary to stop at and nothing to abort. A
+  /// first signal stays a stop request, which the run honours at its
+  /// first boundary. Reset it before the run's own aborting() scope.
+  [[nodiscard]] std::unique_ptr<abort_scope> exiting(std::string program);
+
 private:
   std::shared_ptr<std::atomic<int>> stop_;
   std::atomic<int> signal_{0};
