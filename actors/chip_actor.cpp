@@ -137,7 +137,8 @@ caf::behavior chip_actor(caf::event_based_actor* self,
         return current_exception_error();
       }
     },
-    [self, state](snapshot_atom, std::int64_t step) {
+    [self, state](snapshot_atom, std::int64_t step, std::string& job_id,
+                  std::string& model_digest) {
       return state->with_worker([&](runtime::stage_worker& w) {
         H2_ENFORCE(state->options.writer != nullptr, "chip ",
                    state->setup.chip->id.to_string(),
@@ -145,12 +146,16 @@ caf::behavior chip_actor(caf::event_based_actor* self,
         auto layers = w.snapshot();
         const auto count = static_cast<std::int32_t>(layers.size());
         auto to = caf::actor_cast<caf::actor>(self->current_sender());
+        // The scheduler takes the records only from the chip they belong
+        // to: they go as from this chip.
         state->options.writer->write_layers(
-          step, std::move(layers),
-          [to, step](std::vector<runtime::file_record> files,
-                     std::exception_ptr failed) {
-            caf::anon_send(to, written_atom::value, step, std::move(files),
-                           failed ? exception_error(failed) : caf::error{});
+          {std::move(job_id), std::move(model_digest), step},
+          std::move(layers),
+          [to, step, from = caf::actor_cast<caf::actor>(self)](
+            std::vector<runtime::file_record> files,
+            std::exception_ptr failed) {
+            caf::send_as(from, to, written_atom::value, step, std::move(files),
+                         failed ? exception_error(failed) : caf::error{});
           });
         return count;
       });

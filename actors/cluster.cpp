@@ -2,14 +2,13 @@
 // and the transport endpoint, hosts the coordinator (rank 0) or reaches it,
 // joins, sends heartbeats, and waits for the end (node side in
 // node_actor.cpp, coordinator side in coordinator.cpp).
+#include "caf_port.hpp"
 #include "cluster_protocol.hpp"
 
 #include "h2/actors/atoms.hpp"
 #include "h2/transport/handshake.hpp"
 
 #include <caf/io/middleman.hpp>
-#include <caf/openssl/manager.hpp>
-#include <caf/openssl/publish.hpp>
 #include <caf/openssl/remote_actor.hpp>
 #include <caf/scoped_actor.hpp>
 #include <caf/send.hpp>
@@ -88,27 +87,15 @@ node_outcome cluster_node::run() {
   configure_actor_system(cfg);
   register_cluster_types(cfg);
   cfg.load<caf::io::middleman>();
-  const auto& security = job.security;
-  const bool tls = !security.certificate.empty();
-  if (tls) { // docs/transport.md, "TLS"
-    for (const auto& [key, path] :
-         {std::pair<const char*, const std::string*>{"security.certificate",
-                                                     &security.certificate},
-          {"security.key", &security.key},
-          {"security.ca_file", &security.ca_file}})
-      if (::access(path->c_str(), R_OK) != 0)
-        throw config_error(key, "cannot read \"" + *path + "\"");
-    cfg.openssl_certificate = security.certificate;
-    cfg.openssl_key = security.key;
-    cfg.openssl_cafile = security.ca_file;
-    cfg.load<caf::openssl::manager>();
-  }
+  // Mutual TLS between the nodes' actor systems, always (docs/transport.md,
+  // "TLS"); `tls` outlives the system, which reads its files per connection.
+  const caf_tls tls(job, *options_.secret);
+  tls.configure(cfg);
   caf::actor_system system{cfg};
-  if (tls && options_.log)
+  if (options_.log)
     options_.log("node " + std::to_string(options_.rank) +
-                 ": actor messages between nodes over TLS (peers' "
-                 "certificates checked against " +
-                 security.ca_file + ")");
+                 ": actor messages between nodes over TLS (" +
+                 tls.describe() + ")");
 
   transport::endpoint_options eo;
   eo.node_rank = options_.rank;
@@ -145,34 +132,46 @@ node_outcome cluster_node::run() {
   const std::string where =
     options_.coordinator_host + ":" + std::to_string(options_.coordinator_port);
   caf::actor coordinator;
+  guarded_port published; // unpublished before the system goes
   const bool leads = options_.rank == options_.coordinator_rank;
   if (leads) {
     coordinator =
       spawn_coordinator(system, options_, caf::actor{self}, shared_->writer);
-    auto port =
-      tls ? caf::openssl::publish(coordinator, options_.coordinator_port,
-                                  options_.coordinator_host.c_str(), true)
-          : system.middleman().publish(coordinator, options_.coordinator_port,
-                                       options_.coordinator_host.c_str(), true);
-    if (!port) {
+    try {
+      published = publish_guarded(system, coordinator,
+                                  options_.coordinator_port,
+                                  options_.coordinator_host, {});
+    } catch (const error& e) {
       self->send_exit(coordinator, caf::exit_reason::user_shutdown);
-      throw config_error("--coordinator", "cannot listen on " + where + ": " +
-                                            system.render(port.error()));
+      throw config_error("--coordinator",
+                         "cannot listen on " + where + ": " + e.what());
     }
     if (options_.on_listening)
-      options_.on_listening(*port);
+      options_.on_listening(published.port());
   } else {
     auto deadline = std::chrono::steady_clock::now() + options_.join_timeout;
     for (;;) {
-      auto c = tls
-                 ? caf::openssl::remote_actor(system, options_.coordinator_host,
-                                              options_.coordinator_port)
-                 : system.middleman().remote_actor(options_.coordinator_host,
-                                                   options_.coordinator_port);
+      auto c = caf::openssl::remote_actor(system, options_.coordinator_host,
+                                          options_.coordinator_port);
       if (c) {
         coordinator = *c;
         break;
       }
+      // CAF's connect fails alike whatever went wrong: a TLS handshake of
+      // our own tells a refused identity (another secret) apart. Only
+      // after a failure: a probe that gets through reaches CAF's BASP
+      // broker, and one closing mid-join now and then broke another
+      // node's join (CAF 0.17).
+      std::string why;
+      if (tls.probe(options_.coordinator_host, options_.coordinator_port,
+                    std::chrono::seconds(5),
+                    why) == caf_tls::probe_result::refused)
+        throw run_error(
+          {errc::unauthorized,
+           "node " + std::to_string(options_.rank) + ": the coordinator at " +
+             where + " refused this node's TLS identity (" + why +
+             "): this node does not know the job's secret, or the "
+             "coordinator does not"});
       if (std::chrono::steady_clock::now() >= deadline)
         throw run_error(
           {errc::peer_lost, "node " + std::to_string(options_.rank) +

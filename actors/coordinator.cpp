@@ -258,6 +258,8 @@ void start_job(coordinator_self self) {
       marker = runtime::write_checkpoint_marker(job.checkpoint.dir);
       st.ctx->manifest =
         runtime::job_manifest(job, p, st.options.run.job_text);
+      if (resume) // the same job goes on
+        st.ctx->manifest.job_id = resume->manifest.job_id;
     } catch (const std::exception& e) {
       fail_job(self, errc::checkpoint, e.what());
       return;

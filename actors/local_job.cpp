@@ -83,6 +83,8 @@ runtime::run_summary local_job::run(const run_options& opts,
   ctx->replans = opts.replans;
   if (!job_->checkpoint.dir.empty()) {
     ctx->manifest = runtime::job_manifest(*job_, plan_, opts.job_text);
+    if (opts.resume) // the same job goes on
+      ctx->manifest.job_id = opts.resume->manifest.job_id;
     ctx->checkpoints = std::make_shared<runtime::checkpoint_writer>(
       job_->checkpoint.dir, job_->checkpoint.keep);
     std::lock_guard<std::mutex> guard(mutex_);

@@ -98,6 +98,29 @@ void fail(self_ptr self, const caf::error& err) {
     st.done.deliver(err);
 }
 
+/// Whether the message in hand comes from this scheduler (its timers, its
+/// writer's callbacks): messages only it may send are dropped otherwise
+/// (docs/transport.md, "Control messages").
+bool from_itself(self_ptr self) {
+  const auto& from = self->current_sender();
+  return from && from->id() == self->id() && from->node() == self->node();
+}
+
+/// The replica-0 stage whose chip sent the message in hand: the chips that
+/// write layer files; null for any other sender.
+const stage_plan* saving_stage(self_ptr self) {
+  const auto& from = self->current_sender();
+  const auto& ctx = *self->state.ctx;
+  const auto& stages = ctx.the_plan.replicas.front().stages;
+  if (!from)
+    return nullptr;
+  for (std::size_t i = 0; i < stages.size() && i < ctx.chips.size(); ++i)
+    if (ctx.chips[i] && from->id() == ctx.chips[i].id() &&
+        from->node() == ctx.chips[i].node())
+      return &stages[i];
+  return nullptr;
+}
+
 /// Makes one request of each of the first `count` chips (plan order:
 /// replica 0's stages first) through `ask(i, timeout)`; calls `on_all`
 /// with the replies in chip order, or delivers the root cause of the
@@ -208,8 +231,10 @@ void save_checkpoint(self_ptr self, std::function<void()> then,
   }
   const auto start = clock::now();
   st.saved_step = st.step;
+  auto id = runtime::identity_of(ctx.manifest);
+  id.step = st.step;
   try {
-    runtime::prepare_checkpoint_dir(ctx.checkpoints->root(), st.step);
+    runtime::prepare_checkpoint_dir(ctx.checkpoints->root(), id);
   } catch (...) {
     fail(self, current_exception_error());
     return;
@@ -224,18 +249,21 @@ void save_checkpoint(self_ptr self, std::function<void()> then,
         st.saving->stall_seconds = waited + seconds_since(start);
       then();
     },
-    snapshot_atom::value, static_cast<std::int64_t>(st.step));
+    snapshot_atom::value, id.step, id.job_id, id.model_digest);
 }
 
 /// A node's writer wrote some of the saving checkpoint's layer files: once
 /// every layer's file is written, publishes the manifest.
-void on_written(self_ptr self, std::int64_t step,
-                std::vector<runtime::file_record> files) {
+void on_written(self_ptr self, const stage_plan& stage,
+                std::int64_t step, std::vector<runtime::file_record> files) {
   auto& st = self->state;
   auto& ctx = *st.ctx;
   if (!st.saving || st.saving->step != step)
     return;
   auto& all = st.saving->files;
+  if (!runtime::files_of_stage(files, stage.first_layer, stage.end_layer,
+                               all))
+    return; // not what this chip's snapshot wrote: forged or repeated
   all.insert(all.end(), std::make_move_iterator(files.begin()),
              std::make_move_iterator(files.end()));
   if (static_cast<int>(all.size()) < ctx.job->model.num_layers())
@@ -248,8 +276,9 @@ void on_written(self_ptr self, std::int64_t step,
   ctx.checkpoints->publish(
     std::move(manifest),
     [to = caf::actor_cast<caf::actor>(self), step](std::exception_ptr e) {
-      caf::anon_send(to, saved_atom::value, step,
-                     e ? exception_error(e) : caf::error{});
+      // As from the scheduler itself: it obeys no other sender.
+      caf::send_as(to, to, saved_atom::value, step,
+                   e ? exception_error(e) : caf::error{});
     });
 }
 
@@ -642,6 +671,8 @@ caf::behavior scheduler_actor(self_ptr self, std::shared_ptr<run_context> ctx) {
   return {
     [self](train_atom, int steps) -> caf::result<runtime::run_summary> {
       auto& st = self->state;
+      if (st.totals) // one run per scheduler
+        return make_error(errc::failed, "the scheduler runs already");
       st.done = self->make_response_promise();
       st.steps = steps;
       st.step = st.ctx->first_step;
@@ -675,13 +706,18 @@ caf::behavior scheduler_actor(self_ptr self, std::shared_ptr<run_context> ctx) {
     },
     [self](written_atom, std::int64_t step,
            std::vector<runtime::file_record>& files, const caf::error& err) {
+      const auto* stage = saving_stage(self);
+      if (stage == nullptr)
+        return; // not from a chip that writes layer files
       if (err)
         fail(self, err);
       else
-        on_written(self, step, std::move(files));
+        on_written(self, *stage, step, std::move(files));
     },
     [self](admin_poll_atom) {
       auto& st = self->state;
+      if (!from_itself(self) || !st.ctx->admin)
+        return;
       for (auto& c : st.ctx->admin->take()) {
         runtime::admin_reply reply;
         try {
@@ -696,6 +732,8 @@ caf::behavior scheduler_actor(self_ptr self, std::shared_ptr<run_context> ctx) {
       self->delayed_send(self, admin_poll_interval, admin_poll_atom::value);
     },
     [self](saved_atom, std::int64_t step, const caf::error& err) {
+      if (!from_itself(self))
+        return;
       if (err)
         fail(self, err);
       else

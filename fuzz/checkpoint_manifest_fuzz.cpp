@@ -19,6 +19,9 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data,
   h2::fuzz::require(m.format_version == checkpoint_format_version,
                     "this build's format version");
   h2::fuzz::require(m.step >= 0, "a step >= 0");
+  h2::fuzz::require(m.job_id.size() == 32, "a job id of 32 hex digits");
+  h2::fuzz::require(m.model_digest == model_digest(m.model),
+                    "the model digest is the model's");
   for (std::size_t i = 0; i < m.files.size(); ++i) {
     h2::fuzz::require(m.files[i].layer == static_cast<int>(i),
                       "files name layers 0..n-1 in order");

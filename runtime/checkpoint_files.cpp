@@ -12,6 +12,7 @@
 #include <map>
 
 #include <signal.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 namespace h2::runtime {
@@ -36,11 +37,30 @@ std::optional<std::string> incomplete_reason(const std::filesystem::path& dir,
 struct step_dir {
   std::int64_t step = 0;
   std::filesystem::path dir;
+  /// "" for "step-XXXXXXXX"; the rest of the name otherwise
+  /// (".partial-<job id>", ".old-<job id>").
+  std::string suffix;
 };
 
-/// The "step-XXXXXXXX" directories under `root`, newest first. Other
-/// entries (and names not exactly as checkpoint_dir writes them) are
-/// ignored; a missing `root` has none.
+/// The step and the rest of a name that starts as checkpoint_dir writes
+/// "step-XXXXXXXX"; nullopt for any other name.
+std::optional<std::pair<std::int64_t, std::string>>
+parse_step_name(const std::string& name) {
+  constexpr std::size_t digits = 8;
+  if (!name.starts_with("step-") || name.size() < 5 + digits)
+    return std::nullopt;
+  std::int64_t step = -1;
+  const char* first = name.data() + 5;
+  const auto parsed = std::from_chars(first, first + digits, step);
+  if (parsed.ec != std::errc() || parsed.ptr != first + digits || step < 0)
+    return std::nullopt;
+  return std::pair{step, name.substr(5 + digits)};
+}
+
+/// The step directories under `root` (real directories, never links),
+/// newest first: complete ones ("step-XXXXXXXX") and those with a suffix
+/// (partial or replaced saves). Other entries are ignored; a missing `root`
+/// has none.
 std::vector<step_dir> list_step_dirs(const std::filesystem::path& root) {
   std::vector<step_dir> dirs;
   std::error_code ec;
@@ -48,19 +68,14 @@ std::vector<step_dir> list_step_dirs(const std::filesystem::path& root) {
     return dirs;
   std::filesystem::directory_iterator it(root, ec), end;
   for (; !ec && it != end; it.increment(ec)) {
-    const std::string name = it->path().filename().string();
-    const std::string_view digits =
-      std::string_view(name).substr(std::min<std::size_t>(5, name.size()));
-    std::int64_t step = -1;
-    const auto parsed =
-      std::from_chars(digits.data(), digits.data() + digits.size(), step);
-    if (!name.starts_with("step-") || parsed.ec != std::errc() ||
-        parsed.ptr != digits.data() + digits.size() || step < 0 ||
-        checkpoint_dir(root, step).filename() != name)
+    const auto parsed = parse_step_name(it->path().filename().string());
+    if (!parsed || (parsed->second.empty() &&
+                    checkpoint_dir(root, parsed->first).filename() !=
+                      it->path().filename()))
       continue;
     std::error_code dir_ec;
-    if (it->is_directory(dir_ec))
-      dirs.push_back({step, it->path()});
+    if (it->is_directory(dir_ec) && !it->is_symlink(dir_ec))
+      dirs.push_back({parsed->first, it->path(), parsed->second});
   }
   if (ec)
     throw checkpoint_error(checkpoint_errc::io, root,
@@ -68,6 +83,29 @@ std::vector<step_dir> list_step_dirs(const std::filesystem::path& root) {
   std::sort(dirs.begin(), dirs.end(),
             [](const auto& a, const auto& b) { return a.step > b.step; });
   return dirs;
+}
+
+/// The job of the complete checkpoint in `dir` (its manifest's job_id), or
+/// nullopt when its manifest does not read.
+std::optional<std::string> job_of(const std::filesystem::path& dir) {
+  try {
+    return read_manifest(dir).job_id;
+  } catch (const checkpoint_error&) {
+    return std::nullopt;
+  }
+}
+
+void remove_dir(const std::filesystem::path& dir) {
+  if (const auto ec = h2::remove_tree(dir))
+    throw checkpoint_error(checkpoint_errc::io, dir,
+                           "cannot remove: " + ec.message());
+}
+
+void rename_dir(const std::filesystem::path& from,
+                const std::filesystem::path& to) {
+  if (::rename(from.c_str(), to.c_str()) != 0)
+    detail::throw_errno(checkpoint_errc::io, to,
+                        "cannot rename " + from.string() + " to it");
 }
 
 /// "F32 [2, 3]": a tensor's dtype and shape for messages.
@@ -104,14 +142,27 @@ void crash_point(std::string_view point) {
   }
 }
 
+std::filesystem::path partial_checkpoint_dir(const std::filesystem::path& root,
+                                             std::int64_t step,
+                                             const std::string& job_id) {
+  auto dir = checkpoint_dir(root, step);
+  dir += ".partial-" + job_id;
+  return dir;
+}
+
 file_record write_layer_file(const std::filesystem::path& dir,
-                             const layer_state& state) {
+                             const layer_state& state,
+                             const checkpoint_identity& id) {
   crash_point("before-layer-file");
   file_record r;
   r.file = layer_file_name(state.layer);
   r.layer = state.layer;
-  const written_file w = write_safetensors(
-    dir / r.file, state.tensors, {{"layer", std::to_string(state.layer)}});
+  const written_file w =
+    write_safetensors(dir / r.file, state.tensors,
+                      {{"layer", std::to_string(state.layer)},
+                       {"job_id", id.job_id},
+                       {"model_digest", id.model_digest},
+                       {"step", std::to_string(id.step)}});
   crash_point("after-layer-file");
   r.bytes = w.bytes;
   r.crc32c = w.crc32c;
@@ -121,20 +172,48 @@ file_record write_layer_file(const std::filesystem::path& dir,
 }
 
 std::filesystem::path prepare_checkpoint_dir(const std::filesystem::path& root,
-                                             std::int64_t step) {
-  const auto dir = checkpoint_dir(root, step);
+                                             const checkpoint_identity& id) {
   std::error_code ec;
-  std::filesystem::create_directories(dir, ec);
+  std::filesystem::create_directories(root, ec);
   if (ec)
-    throw checkpoint_error(checkpoint_errc::io, dir,
+    throw checkpoint_error(checkpoint_errc::io, root,
                            "cannot create: " + ec.message());
+  const auto dir = partial_checkpoint_dir(root, id.step, id.job_id);
+  remove_dir(dir); // an abandoned save's (a link: the link only)
+  if (::mkdir(dir.c_str(), 0755) != 0)
+    detail::throw_errno(checkpoint_errc::io, dir, "cannot create");
   detail::sync_directory(root);
-  // Rewriting a step: the directory stops being a checkpoint before any of
-  // its files change.
-  if (std::filesystem::remove(dir / manifest_file_name, ec); ec)
-    throw checkpoint_error(checkpoint_errc::io, dir / manifest_file_name,
-                           "cannot remove: " + ec.message());
-  detail::sync_directory(dir);
+  return dir;
+}
+
+std::filesystem::path publish_checkpoint(const std::filesystem::path& root,
+                                         const std::filesystem::path& partial,
+                                         const checkpoint_manifest& manifest) {
+  write_manifest(partial, manifest);
+  const auto dir = checkpoint_dir(root, manifest.step);
+  struct stat st {};
+  if (::lstat(dir.c_str(), &st) == 0) {
+    // Rewriting a step: only this job's own checkpoint is replaced.
+    if (!S_ISDIR(st.st_mode) || job_of(dir) != manifest.job_id)
+      throw checkpoint_error(
+        checkpoint_errc::io, dir,
+        "exists and is not a checkpoint of this job (another job's, a "
+        "link, or no checkpoint): not replacing it; the new one stays in " +
+          partial.string());
+    auto old = dir;
+    old += ".old-" + manifest.job_id;
+    remove_dir(old);
+    rename_dir(dir, old);
+    rename_dir(partial, dir);
+    detail::sync_directory(root);
+    remove_dir(old);
+  } else if (errno != ENOENT) {
+    detail::throw_errno(checkpoint_errc::io, dir, "cannot look at");
+  } else {
+    rename_dir(partial, dir);
+  }
+  detail::sync_directory(root);
+  crash_point("after-publish");
   return dir;
 }
 
@@ -151,15 +230,16 @@ std::filesystem::path write_checkpoint(const std::filesystem::path& root,
                "checkpoint layers must be 0..n-1; found layer ",
                ordered[i]->layer, " at position ", i);
 
-  const auto dir = prepare_checkpoint_dir(root, manifest.step);
+  const auto id = identity_of(manifest);
+  const auto partial = prepare_checkpoint_dir(root, id);
   manifest.files.clear();
   for (const auto* l : ordered)
-    manifest.files.push_back(write_layer_file(dir, *l));
-  write_manifest(dir, manifest);
-  return dir;
+    manifest.files.push_back(write_layer_file(partial, *l, id));
+  return publish_checkpoint(root, partial, manifest);
 }
 
 layer_state read_layer_file(const std::filesystem::path& dir,
+                            const checkpoint_manifest& manifest,
                             const file_record& record) {
   // The record comes from a manifest: its name is checked before it is
   // opened (no "../" escapes the directory).
@@ -186,6 +266,23 @@ layer_state read_layer_file(const std::filesystem::path& dir,
                "the file holds layer " +
                  (layer == meta.end() ? std::string("(none)") : layer->second) +
                  ", the manifest says layer " + std::to_string(record.layer));
+  // Another job's layer, or one of another step, with CRCs made to match.
+  const auto recorded = [&](const char* key) {
+    const auto it = meta.find(key);
+    return it == meta.end() ? std::string("(none)") : it->second;
+  };
+  const checkpoint_identity file_id{recorded("job_id"),
+                                    recorded("model_digest"), -1};
+  const auto want = identity_of(manifest);
+  if (file_id.job_id != want.job_id ||
+      file_id.model_digest != want.model_digest ||
+      recorded("step") != std::to_string(want.step))
+    throw fail(checkpoint_errc::mismatch,
+               "the file is of job " + file_id.job_id + " (model " +
+                 file_id.model_digest.substr(0, 12) + ") at step " +
+                 recorded("step") + "; the manifest is of job " +
+                 want.job_id + " (model " + want.model_digest.substr(0, 12) +
+                 ") at step " + std::to_string(want.step));
   // Tensors are matched by name: the file does not record the order of
   // empty tensors that share an offset. The result is in the record's order.
   std::map<std::string, std::size_t> in_file;
@@ -227,7 +324,7 @@ checkpoint read_checkpoint(const std::filesystem::path& dir) {
   c.dir = dir;
   c.manifest = read_manifest(dir);
   for (const auto& record : c.manifest.files)
-    c.layers.push_back(read_layer_file(dir, record));
+    c.layers.push_back(read_layer_file(dir, c.manifest, record));
   return c;
 }
 
@@ -243,7 +340,8 @@ std::vector<layer_state> read_layers(const std::filesystem::path& dir,
   std::vector<layer_state> out;
   for (int l = first; l < end; ++l)
     out.push_back(
-      read_layer_file(dir, manifest.files[static_cast<std::size_t>(l)]));
+      read_layer_file(dir, manifest,
+                      manifest.files[static_cast<std::size_t>(l)]));
   return out;
 }
 
@@ -251,6 +349,8 @@ std::optional<std::filesystem::path>
 latest_checkpoint(const std::filesystem::path& root,
                   const std::function<void(const std::string&)>& log) {
   for (const auto& d : list_step_dirs(root)) {
+    if (!d.suffix.empty())
+      continue; // a save in progress, or abandoned
     const auto why = incomplete_reason(d.dir, d.step);
     if (!why)
       return d.dir;
@@ -261,23 +361,27 @@ latest_checkpoint(const std::filesystem::path& root,
 }
 
 std::vector<std::filesystem::path>
-prune_checkpoints(const std::filesystem::path& root, int keep) {
+prune_checkpoints(const std::filesystem::path& root, int keep,
+                  const std::string& job_id) {
   H2_ENFORCE(keep >= 1, "keep=", keep,
              " (the newest complete checkpoint is always kept)");
   std::vector<std::filesystem::path> removed;
   int complete = 0;
-  // Newest first: an incomplete directory seen before any complete one may
+  // Newest first: a partial directory newer than every complete one may
   // still be being written and stays.
   for (const auto& d : list_step_dirs(root)) {
-    const bool is_complete = !incomplete_reason(d.dir, d.step);
-    if (is_complete)
-      ++complete;
-    if ((is_complete && complete <= keep) || complete == 0)
+    bool remove = false;
+    if (d.suffix.empty()) {
+      if (job_of(d.dir) != job_id || incomplete_reason(d.dir, d.step))
+        continue; // another job's, or no checkpoint: not this job's to judge
+      remove = ++complete > keep;
+    } else {
+      remove = complete > 0 && (d.suffix == ".partial-" + job_id ||
+                                d.suffix == ".old-" + job_id);
+    }
+    if (!remove)
       continue;
-    const auto ec = h2::remove_tree(d.dir);
-    if (ec)
-      throw checkpoint_error(checkpoint_errc::io, d.dir,
-                             "cannot remove: " + ec.message());
+    remove_dir(d.dir);
     removed.push_back(d.dir);
   }
   if (!removed.empty())

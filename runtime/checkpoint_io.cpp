@@ -69,8 +69,14 @@ void throw_errno(checkpoint_errc kind, const std::filesystem::path& file,
 written_file
 write_file_synced(const std::filesystem::path& path,
                   std::span<const std::span<const std::uint8_t>> pieces) {
-  fd_guard fd(
-    ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
+  // A new file, always: what was there (a link planted to make us write
+  // elsewhere, a file another process holds open) is unlinked, never
+  // truncated or written through.
+  if (::unlink(path.c_str()) != 0 && errno != ENOENT)
+    throw_errno(checkpoint_errc::io, path, "cannot replace");
+  fd_guard fd(::open(path.c_str(),
+                     O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC,
+                     0644));
   if (fd.get() < 0)
     throw_errno(checkpoint_errc::io, path, "cannot create");
   written_file result;

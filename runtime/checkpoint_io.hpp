@@ -22,7 +22,9 @@ std::string hex32(std::uint32_t value);
                               const std::filesystem::path& file,
                               const std::string& what);
 
-/// Creates or truncates `path`, writes `pieces` one after the other, fsyncs
+/// Creates `path` as a new file (an entry there, a link included, is
+/// unlinked first: never truncated or followed), writes `pieces` one after
+/// the other, fsyncs
 /// and closes it. Returns the size and CRC32C of what was written (computed
 /// while the disk writes: `pieces` must not change until this returns).
 /// Throws checkpoint_error(io).

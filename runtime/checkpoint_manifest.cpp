@@ -4,6 +4,7 @@
 
 #include "checkpoint_io.hpp"
 #include "h2/transport/crc32c.hpp"
+#include "h2/transport/handshake.hpp"
 
 #include <climits>
 #include <cstdio>
@@ -44,6 +45,8 @@ json to_json(const checkpoint_manifest& m) {
   return {{"format", std::string(checkpoint_format)},
           {"format_version", m.format_version},
           {"step", m.step},
+          {"job_id", m.job_id},
+          {"model_digest", m.model_digest},
           {"seed", m.seed},
           {"model", m.model},
           {"optimizer", m.optimizer},
@@ -150,6 +153,14 @@ file_record parse_file_record(const manifest_fields& f, const json& j,
 
 } // namespace
 
+std::string model_digest(const nlohmann::json& model) {
+  return transport::job_digest(model.dump());
+}
+
+checkpoint_identity identity_of(const checkpoint_manifest& m) {
+  return {m.job_id, m.model_digest, m.step};
+}
+
 void write_manifest(const std::filesystem::path& dir,
                     const checkpoint_manifest& manifest) {
   crash_point("before-manifest");
@@ -228,8 +239,15 @@ checkpoint_manifest parse_manifest(std::string_view text,
                            "the content's CRC32C is " + detail::hex32(actual) +
                              ", manifest_crc32c says " + detail::hex32(crc));
   m.step = f.integer<std::int64_t>(j, "", "step", 0, INT64_MAX);
+  m.job_id = f.string(j, "", "job_id");
+  if (m.job_id.size() != 32 ||
+      m.job_id.find_first_not_of("0123456789abcdef") != std::string::npos)
+    f.fail("job_id is \"" + m.job_id + "\", expected 32 hex digits");
+  m.model_digest = f.string(j, "", "model_digest");
   m.seed = f.integer<std::uint64_t>(j, "", "seed", 0, UINT64_MAX);
   m.model = f.get(j, "", "model");
+  if (model_digest(m.model) != m.model_digest)
+    f.fail("model_digest does not match the model it describes");
   m.optimizer = f.get(j, "", "optimizer");
   m.plan_json = f.string(j, "", "plan_json");
   m.job_toml = f.string(j, "", "job_toml");

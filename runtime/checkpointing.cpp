@@ -6,6 +6,7 @@
 #include "h2/core/random.hpp"
 #include "h2/transport/crc32c.hpp"
 
+#include <set>
 #include <cstdio>
 #include <span>
 #include <fstream>
@@ -80,6 +81,8 @@ checkpoint_manifest job_manifest(const job_config& job, const plan& p,
   m.data_hashes = data_hashes(job.data);
   m.plan_json = to_json(p, -1);
   m.job_toml = job_text;
+  m.job_id = random_hex(16); // a resumed run keeps its checkpoint's
+  m.model_digest = model_digest(m.model);
   return m;
 }
 
@@ -164,6 +167,18 @@ void check_checkpoint_marker(const std::filesystem::path& root,
         "): put checkpoint.dir on storage every node shares, at the same path");
 }
 
+bool files_of_stage(const std::vector<file_record>& files, int first_layer,
+                    int end_layer, const std::vector<file_record>& so_far) {
+  std::set<int> seen;
+  for (const auto& f : so_far)
+    seen.insert(f.layer);
+  for (const auto& f : files)
+    if (f.layer < first_layer || f.layer >= end_layer ||
+        !seen.insert(f.layer).second)
+      return false;
+  return true;
+}
+
 checkpoint_writer::checkpoint_writer(std::filesystem::path root, int keep)
     : root_(std::move(root)), keep_(keep), thread_([this] { run(); }) {
 }
@@ -181,18 +196,18 @@ void checkpoint_writer::close() {
   std::call_once(joined_, [this] { thread_.join(); });
 }
 
-void checkpoint_writer::write_layers(std::int64_t step,
+void checkpoint_writer::write_layers(checkpoint_identity id,
                                      std::vector<layer_state> layers,
                                      layers_written done) {
-  auto task = [this, step, layers = std::move(layers),
+  auto task = [this, id = std::move(id), layers = std::move(layers),
                done = std::move(done)]() mutable {
     std::vector<file_record> records;
     std::exception_ptr failed;
     try {
-      const auto dir = checkpoint_dir(root_, step);
+      const auto dir = partial_checkpoint_dir(root_, id.step, id.job_id);
       for (const auto& l : layers) {
         check_abandoned();
-        records.push_back(write_layer_file(dir, l));
+        records.push_back(write_layer_file(dir, l, id));
       }
     } catch (...) {
       failed = std::current_exception();
@@ -213,8 +228,10 @@ void checkpoint_writer::publish(checkpoint_manifest manifest, published done) {
     std::exception_ptr failed;
     try {
       check_abandoned();
-      write_manifest(checkpoint_dir(root_, manifest.step), manifest);
-      prune_checkpoints(root_, keep_);
+      publish_checkpoint(
+        root_, partial_checkpoint_dir(root_, manifest.step, manifest.job_id),
+        manifest);
+      prune_checkpoints(root_, keep_, manifest.job_id);
     } catch (...) {
       failed = std::current_exception();
     }

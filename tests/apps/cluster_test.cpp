@@ -29,31 +29,12 @@ namespace {
 
 using namespace std::chrono_literals;
 
-const std::string node_binary = H2_NODE;
 
 /// The demo job (examples/demo.toml) on the virtual clock with its four
 /// chips split over nodes as `nodes` says (TOML [[nodes]] tables).
 std::string demo_job(const std::string& nodes) {
   return replaced(demo_job_with_nodes(H2_SOURCE_DIR, nodes),
                   "clock = \"wall\"", "clock = \"virtual\"");
-}
-
-/// Waits for rank 0's "coordinator at HOST:PORT" line; returns HOST:PORT
-/// ("" when rank 0 ended or the wait ran out first).
-std::string coordinator_of(child_process& rank0) {
-  static const std::regex re(R"(coordinator at (\S+:\d+))");
-  std::string found;
-  rank0.wait_until(
-    [&] {
-      std::smatch m;
-      std::string out = rank0.out();
-      if (!std::regex_search(out, m, re))
-        return false;
-      found = m[1];
-      return true;
-    },
-    run_timeout);
-  return found;
 }
 
 class apps_cluster : public ::testing::Test {
@@ -536,15 +517,7 @@ TEST_F(apps_cluster, nodes_talk_tls_and_refuse_certificates_of_another_ca) {
   EXPECT_NE(handshake("other"), 0) << read_text(dir_ / "s_client.txt");
   EXPECT_NE(handshake(""), 0) << read_text(dir_ / "s_client.txt");
   EXPECT_EQ(handshake("node"), 0) << read_text(dir_ / "s_client.txt");
-  auto r = run_to_end(node_binary,
-                      {"--job", job.string(), "--node-rank", "1",
-                       "--world-size", "2", "--coordinator", coordinator,
-                       "--secret-file", secret.string(), "--no-metrics"},
-                      dir_, run_timeout);
-  EXPECT_EQ(r.status.code, 0) << r.status.describe() << r.err;
-  auto end = rank0.wait(run_timeout);
-  EXPECT_EQ(end.code, 0) << end.describe() << rank0.err();
-  EXPECT_EQ(step_lines(rank0.out()).size(), 20u);
+  expect_rank1_trains_to_the_end(rank0, job, secret, coordinator, dir_);
 }
 
 // Issue 13, item 7: a secret others can read, or too short to resist a

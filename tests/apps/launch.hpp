@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include <chrono>
+#include <regex>
 #include <string>
 #include <vector>
 
@@ -15,6 +16,9 @@ namespace h2::test {
 
 /// The h2-launch under test (CMake passes its path).
 inline const std::string launch_binary = H2_LAUNCH;
+
+/// The h2-node under test.
+inline const std::string node_binary = H2_NODE;
 
 /// Kill-timeout of a run that should take a second or two: generous, so a
 /// loaded machine never trips it, but a hang fails the test.
@@ -170,6 +174,43 @@ inline void expect_one_line(const std::string& err) {
     EXPECT_EQ(err.find(marker), std::string::npos)
       << "stderr contains '" << marker << "':\n"
       << err;
+}
+
+/// Waits for an h2-node of rank 0 to print "coordinator at HOST:PORT";
+/// returns HOST:PORT ("" when rank 0 ended or the wait ran out first).
+inline std::string coordinator_of(child_process& rank0) {
+  static const std::regex re(R"(coordinator at (\S+:\d+))");
+  std::string found;
+  rank0.wait_until(
+    [&] {
+      std::smatch m;
+      std::string out = rank0.out();
+      if (!std::regex_search(out, m, re))
+        return false;
+      found = m[1];
+      return true;
+    },
+    run_timeout);
+  return found;
+}
+
+/// Runs h2-node rank 1 of a two-node small_job (`job`, `secret`) against
+/// `coordinator` to its end in `dir`, and checks that it and `rank0` exit 0
+/// with rank 0 printing every one of the 20 steps.
+inline void expect_rank1_trains_to_the_end(child_process& rank0,
+                                           const std::filesystem::path& job,
+                                           const std::filesystem::path& secret,
+                                           const std::string& coordinator,
+                                           const scratch_dir& dir) {
+  auto r = run_to_end(node_binary,
+                      {"--job", job.string(), "--node-rank", "1",
+                       "--world-size", "2", "--coordinator", coordinator,
+                       "--secret-file", secret.string(), "--no-metrics"},
+                      dir, run_timeout);
+  EXPECT_EQ(r.status.code, 0) << r.status.describe() << r.err;
+  auto end = rank0.wait(run_timeout);
+  EXPECT_EQ(end.code, 0) << end.describe() << rank0.err();
+  EXPECT_EQ(step_lines(rank0.out()).size(), 20u);
 }
 
 } // namespace h2::test

@@ -19,11 +19,12 @@ namespace {
 
 using namespace std::chrono_literals;
 
-/// The crash points of a save (runtime::crash_point), in the order a save
-/// passes them.
+/// Crash points of a save (runtime::crash_point), in the order a save
+/// passes them: with its layer files written, with its manifest in the
+/// partial directory, and once renamed into place (published). The runtime
+/// tests pass every point in one process.
 const std::vector<std::string> crash_points = {
-  "before-layer-file", "after-layer-file", "before-manifest",
-  "after-manifest-rename"};
+  "after-layer-file", "after-manifest-rename", "after-publish"};
 
 class apps_save_crash : public ::testing::TestWithParam<std::string> {
 protected:
@@ -64,9 +65,10 @@ protected:
     ASSERT_FALSE(r.status.exited && r.status.code == 0)
       << "the crash point " << GetParam() << " was never reached";
 
-    // Published (after the rename): step 4 is the latest; before: step 2,
-    // and it loads (the run resumed from it checks every byte).
-    const int expected = GetParam() == "after-manifest-rename" ? 4 : 2;
+    // Published (after the directory's rename): step 4 is the latest;
+    // before: step 2, and it loads (the run resumed from it checks every
+    // byte).
+    const int expected = GetParam() == "after-publish" ? 4 : 2;
     std::vector<std::string> third = {j.string(), "--resume", "latest",
                                       "--json-log",
                                       (dir_ / "rest.jsonl").string()};

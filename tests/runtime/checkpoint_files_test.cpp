@@ -106,6 +106,9 @@ std::vector<layer_state> sample_layers() {
   return layers;
 }
 
+/// The job every sample manifest belongs to.
+const std::string sample_job_id = "0123456789abcdef0123456789abcdef";
+
 checkpoint_manifest sample_manifest(std::int64_t step) {
   checkpoint_manifest m;
   m.step = step;
@@ -115,6 +118,8 @@ checkpoint_manifest sample_manifest(std::int64_t step) {
   m.data_hashes = {{"data/train.bin", "0a1b2c3d"}, {"data/val.bin", "ff00"}};
   m.plan_json = R"({"stages": [{"layers": [0, 3]}]})";
   m.job_toml = "[model]\nn_layer = 3\nname = \"tiny\"\n";
+  m.job_id = sample_job_id;
+  m.model_digest = model_digest(m.model);
   return m;
 }
 
@@ -261,13 +266,18 @@ TEST(runtime_checkpoint_files, a_checkpoint_reads_back_bit_for_bit) {
     EXPECT_EQ(r.crc32c, transport::crc32c(bytes.data(), bytes.size()));
     ASSERT_EQ(r.tensors.size(), layers[i].tensors.size());
     EXPECT_EQ(r.tensors[0].name, layers[i].tensors[0].name);
-    EXPECT_EQ(read_layer_file(dir, r), layers[i]);
+    EXPECT_EQ(read_layer_file(dir, c.manifest, r), layers[i]);
   }
 
   safetensors_reader reader(dir / "layer-00001.safetensors");
   EXPECT_EQ(reader.metadata(),
             (std::map<std::string, std::string>{
-              {"format", "pt"}, {"producer", "h2"}, {"layer", "1"}}));
+              {"format", "pt"},
+              {"producer", "h2"},
+              {"layer", "1"},
+              {"job_id", sample_job_id},
+              {"model_digest", manifest.model_digest},
+              {"step", "120"}}));
   const auto bytes = read_bytes(reader.path());
   EXPECT_EQ(header_length(bytes) % 8, 0u);
 }
@@ -285,7 +295,8 @@ TEST(runtime_checkpoint_files, a_manifest_reads_back_as_written) {
   EXPECT_EQ(read_manifest(dir.path()), m);
   const json j = read_json(manifest_path(dir.path()));
   EXPECT_EQ(j["format"], "h2-checkpoint");
-  EXPECT_EQ(j["format_version"], 1);
+  EXPECT_EQ(j["format_version"], 2);
+  EXPECT_EQ(j["job_id"], sample_job_id);
   EXPECT_EQ(j["seed"].get<std::uint64_t>(), 0xfedcba9876543210ull);
 }
 
@@ -306,6 +317,30 @@ TEST(runtime_checkpoint_files, a_manifest_parses_from_its_text_as_it_reads) {
   }
 }
 
+// The fuzz corpus's seeds (fuzz/corpus/checkpoint_manifest) stay in step
+// with the format: the valid one parses, the damaged ones fail as named.
+TEST(runtime_checkpoint_files, the_fuzz_seeds_follow_the_format) {
+  const fs::path seeds =
+    fs::path(H2_SOURCE_DIR) / "fuzz" / "corpus" / "checkpoint_manifest";
+  const auto text = [&](const char* name) {
+    const auto bytes = read_bytes(seeds / name);
+    return std::string(bytes.begin(), bytes.end());
+  };
+  const auto m = parse_manifest(text("manifest.json"), "manifest.json");
+  EXPECT_EQ(m.format_version, checkpoint_format_version);
+  EXPECT_EQ(m.model_digest, model_digest(m.model));
+  for (const auto& [name, kind] :
+       {std::pair{"crc-mismatch.json", checkpoint_errc::corrupt},
+        std::pair{"foreign.json", checkpoint_errc::foreign}}) {
+    try {
+      parse_manifest(text(name), name);
+      ADD_FAILURE() << name << " parsed";
+    } catch (const checkpoint_error& e) {
+      EXPECT_EQ(e.kind(), kind) << e.what();
+    }
+  }
+}
+
 TEST(runtime_checkpoint_files, a_number_too_large_for_a_double_is_corrupt) {
   // nlohmann throws out_of_range, not parse_error, for it (found by
   // fuzz_checkpoint_manifest, fuzz/corpus/checkpoint_manifest/
@@ -323,6 +358,7 @@ TEST(runtime_checkpoint_files, a_number_too_large_for_a_double_is_corrupt) {
 
 TEST(runtime_checkpoint_files, the_writer_rejects_inconsistent_tensors) {
   temp_dir dir;
+  const auto id = identity_of(sample_manifest(1));
   auto with = [](state_tensor t) {
     layer_state s;
     s.tensors.push_back(std::move(t));
@@ -330,13 +366,14 @@ TEST(runtime_checkpoint_files, the_writer_rejects_inconsistent_tensors) {
   };
   auto short_tensor = tensor("w", "F32", {2, 2}, 1);
   short_tensor.bytes.pop_back();
-  EXPECT_THROW(write_layer_file(dir.path(), with(short_tensor)),
+  EXPECT_THROW(write_layer_file(dir.path(), with(short_tensor), id),
                internal_error);
-  EXPECT_THROW(write_layer_file(dir.path(), with(tensor("w", "Q4", {2}, 1))),
-               internal_error);
+  EXPECT_THROW(
+    write_layer_file(dir.path(), with(tensor("w", "Q4", {2}, 1)), id),
+    internal_error);
   layer_state twice = with(tensor("w", "F32", {2}, 1));
   twice.tensors.push_back(tensor("w", "F32", {2}, 2));
-  EXPECT_THROW(write_layer_file(dir.path(), twice), internal_error);
+  EXPECT_THROW(write_layer_file(dir.path(), twice, id), internal_error);
   auto layers = sample_layers();
   layers.erase(layers.begin() + 1);
   EXPECT_THROW(write_checkpoint(dir.path(), sample_manifest(1), layers),
@@ -472,8 +509,26 @@ const damage_case damage_cases[] = {
      });
    },
    checkpoint_errc::mismatch, "layer-00001.safetensors", "manifest says"},
-  {"another_format_version", manifest_set("/format_version", 2),
-   checkpoint_errc::mismatch, "manifest.json", "format version 2"},
+  {"another_format_version", manifest_set("/format_version", 1),
+   checkpoint_errc::mismatch, "manifest.json", "format version 1"},
+  // Issue 24: another job's layer (or one of another step), its record
+  // and CRC32C made to match, is refused by the identity it records.
+  {"layer_of_another_job_with_matching_crcs",
+   [](const fs::path& d) {
+     edit_header(d, 1, [](json& h) {
+       h["__metadata__"]["job_id"] = "fedcba9876543210fedcba9876543210";
+     });
+   },
+   checkpoint_errc::mismatch, "layer-00001.safetensors",
+   "of job fedcba9876543210fedcba9876543210"},
+  {"layer_of_another_step_with_matching_crcs",
+   [](const fs::path& d) {
+     edit_header(d, 2, [](json& h) { h["__metadata__"]["step"] = "4"; });
+   },
+   checkpoint_errc::mismatch, "layer-00002.safetensors", "at step 4;"},
+  {"manifest_of_another_model_digest",
+   manifest_set("/model_digest", std::string(64, '0')),
+   checkpoint_errc::corrupt, "manifest.json", "model_digest"},
   {"foreign_manifest", manifest_set("/format", "pytorch-dcp"),
    checkpoint_errc::foreign, "manifest.json", "pytorch-dcp"},
   {"manifest_edited_without_its_checksum",
@@ -624,7 +679,8 @@ TEST(runtime_checkpoint_files, latest_skips_incomplete_newer_checkpoints) {
   const auto bad = write_checkpoint(root.path(), sample_manifest(30), layers);
   write_bytes(manifest_path(bad), {'{', '"'});
   fs::create_directories(checkpoint_dir(root.path(), 40));
-  write_layer_file(checkpoint_dir(root.path(), 40), layers[0]);
+  write_layer_file(checkpoint_dir(root.path(), 40), layers[0],
+                   identity_of(sample_manifest(40)));
   fs::create_directories(checkpoint_dir(root.path(), 20));
   fs::copy_file(manifest_path(checkpoint_dir(root.path(), 10)),
                 manifest_path(checkpoint_dir(root.path(), 20)));
@@ -651,32 +707,91 @@ TEST(runtime_checkpoint_files, latest_skips_incomplete_newer_checkpoints) {
 
 TEST(runtime_checkpoint_files, prune_keeps_the_newest_complete_checkpoints) {
   temp_dir root;
+  temp_dir outside;
   const auto layers = sample_layers();
   for (int step = 1; step <= 5; ++step)
     write_checkpoint(root.path(), sample_manifest(step), layers);
-  fs::create_directories(checkpoint_dir(root.path(), 0)); // older, broken
-  fs::create_directories(checkpoint_dir(root.path(), 6)); // newer, writing
-  EXPECT_THROW(prune_checkpoints(root.path(), 0), internal_error);
+  // Not this job's to remove: a step directory without a manifest, a
+  // newer one being written, another job's checkpoint and partial save,
+  // and a link to a directory elsewhere.
+  fs::create_directories(checkpoint_dir(root.path(), 0));
+  fs::create_directories(checkpoint_dir(root.path(), 6));
+  auto other = sample_manifest(1);
+  other.job_id = "fedcba9876543210fedcba9876543210";
+  write_checkpoint(root.path() / "other", other, layers);
+  fs::rename(checkpoint_dir(root.path() / "other", 1),
+             root.path() / "step-00000001.partial-x");
+  other.step = 7;
+  write_checkpoint(root.path(), other, layers);
+  fs::create_directories(outside.path() / "kept");
+  fs::create_directory_symlink(outside.path(), checkpoint_dir(root.path(), 8));
+  // This job's abandoned save of step 2.
+  fs::create_directories(partial_checkpoint_dir(root.path(), 2, sample_job_id));
+  EXPECT_THROW(prune_checkpoints(root.path(), 0, sample_job_id),
+               internal_error);
 
-  const auto removed = prune_checkpoints(root.path(), 2);
-  EXPECT_EQ(removed, (std::vector<fs::path>{checkpoint_dir(root.path(), 3),
-                                            checkpoint_dir(root.path(), 2),
-                                            checkpoint_dir(root.path(), 1),
-                                            checkpoint_dir(root.path(), 0)}));
-  for (int step : {4, 5, 6})
+  auto removed = prune_checkpoints(root.path(), 2, sample_job_id);
+  std::sort(removed.begin(), removed.end());
+  EXPECT_EQ(removed,
+            (std::vector<fs::path>{
+              checkpoint_dir(root.path(), 1), checkpoint_dir(root.path(), 2),
+              partial_checkpoint_dir(root.path(), 2, sample_job_id),
+              checkpoint_dir(root.path(), 3)}));
+  for (int step : {0, 4, 5, 6, 7, 8})
     EXPECT_TRUE(fs::exists(checkpoint_dir(root.path(), step))) << step;
+  EXPECT_TRUE(fs::exists(root.path() / "step-00000001.partial-x"));
+  EXPECT_TRUE(fs::exists(outside.path() / "kept"));
   EXPECT_NO_THROW(read_checkpoint(checkpoint_dir(root.path(), 4)));
 
-  EXPECT_EQ(prune_checkpoints(root.path(), 1),
+  EXPECT_EQ(prune_checkpoints(root.path(), 1, sample_job_id),
             std::vector<fs::path>{checkpoint_dir(root.path(), 4)});
-  EXPECT_EQ(latest_checkpoint(root.path(), {}), checkpoint_dir(root.path(), 5));
-  EXPECT_TRUE(prune_checkpoints(root.path(), 1).empty());
+  EXPECT_TRUE(prune_checkpoints(root.path(), 1, sample_job_id).empty());
+  // Another job's prune leaves this job's checkpoint alone.
+  EXPECT_TRUE(prune_checkpoints(root.path(), 1, other.job_id).empty());
+  EXPECT_TRUE(fs::exists(checkpoint_dir(root.path(), 5)));
 
   // With no complete checkpoint, nothing goes.
-  temp_dir only_incomplete;
-  fs::create_directories(checkpoint_dir(only_incomplete.path(), 1));
-  EXPECT_TRUE(prune_checkpoints(only_incomplete.path(), 1).empty());
-  EXPECT_TRUE(fs::exists(checkpoint_dir(only_incomplete.path(), 1)));
+  temp_dir only_partial;
+  fs::create_directories(
+    partial_checkpoint_dir(only_partial.path(), 1, sample_job_id));
+  EXPECT_TRUE(prune_checkpoints(only_partial.path(), 1, sample_job_id).empty());
+}
+
+// Issue 24: links planted in checkpoint.dir by someone who can write there
+// make no save write outside it. A step directory that is a link (or
+// another job's) is refused, never written through or replaced; the
+// marker's temporary file and an abandoned partial save that are links
+// are replaced, the files they point at untouched.
+TEST(runtime_checkpoint_files, planted_links_make_no_save_write_outside) {
+  temp_dir root;
+  temp_dir outside;
+  const std::vector<std::uint8_t> precious = {'k', 'e', 'e', 'p'};
+  write_bytes(outside.path() / "manifest.json", precious);
+  write_bytes(outside.path() / "file", precious);
+  fs::create_directory_symlink(outside.path(), checkpoint_dir(root.path(), 2));
+  fs::create_directory_symlink(
+    outside.path(), partial_checkpoint_dir(root.path(), 4, sample_job_id));
+  fs::create_symlink(outside.path() / "file",
+                     root.path() / "h2-job-marker.tmp");
+
+  try {
+    write_checkpoint(root.path(), sample_manifest(2), sample_layers());
+    FAIL() << "a save replaced a link";
+  } catch (const checkpoint_error& e) {
+    EXPECT_NE(std::string(e.what()).find("not a checkpoint of this job"),
+              std::string::npos)
+      << e.what();
+  }
+  const auto four =
+    write_checkpoint(root.path(), sample_manifest(4), sample_layers());
+  EXPECT_EQ(read_checkpoint(four).layers, sample_layers());
+  EXPECT_FALSE(fs::is_symlink(four));
+  write_checkpoint_marker(root.path());
+  EXPECT_EQ(read_bytes(outside.path() / "manifest.json"), precious);
+  EXPECT_EQ(read_bytes(outside.path() / "file"), precious);
+  EXPECT_EQ(std::distance(fs::directory_iterator(outside.path()),
+                          fs::directory_iterator()),
+            2);
 }
 
 // --- Crashes: a child writes step 20 next to a complete step 10 and is
@@ -704,8 +819,9 @@ int write_in_child_crashing_at(const fs::path& root, const char* point,
 }
 
 TEST(runtime_checkpoint_files, a_crash_while_writing_never_yields_a_partial) {
-  for (const char* point : {"before-layer-file", "after-layer-file",
-                            "before-manifest", "after-manifest-rename"}) {
+  for (const char* point :
+       {"before-layer-file", "after-layer-file", "before-manifest",
+        "after-manifest-rename", "after-publish"}) {
     SCOPED_TRACE(point);
     temp_dir root;
     const auto older =
@@ -720,21 +836,22 @@ TEST(runtime_checkpoint_files, a_crash_while_writing_never_yields_a_partial) {
     const auto latest = latest_checkpoint(
       root.path(), [&](const std::string& l) { log.push_back(l); });
     const auto newer = checkpoint_dir(root.path(), 20);
-    if (std::string_view(point) == "after-manifest-rename") {
+    // Before the rename that publishes it, the save is a partial
+    // directory: never a candidate, so not even a skipped one.
+    EXPECT_TRUE(log.empty());
+    if (std::string_view(point) == "after-publish") {
       EXPECT_EQ(latest, newer);
-      EXPECT_TRUE(log.empty());
       const auto c = read_checkpoint(newer);
       EXPECT_EQ(c.manifest.step, 20);
       EXPECT_EQ(c.layers, sample_layers());
     } else {
       EXPECT_EQ(latest, older);
-      EXPECT_EQ(log.size(), 1u);
       EXPECT_THROW(read_checkpoint(newer), checkpoint_error);
     }
   }
 }
 
-TEST(runtime_checkpoint_files, rewriting_a_step_unpublishes_it_first) {
+TEST(runtime_checkpoint_files, rewriting_a_step_keeps_it_until_the_new_one) {
   temp_dir root;
   write_checkpoint(root.path(), sample_manifest(10), sample_layers());
   write_checkpoint(root.path(), sample_manifest(20), sample_layers());
@@ -742,7 +859,12 @@ TEST(runtime_checkpoint_files, rewriting_a_step_unpublishes_it_first) {
     write_in_child_crashing_at(root.path(), "after-layer-file", 20);
   ASSERT_TRUE(WIFSIGNALED(status));
   EXPECT_EQ(latest_checkpoint(root.path(), {}),
-            checkpoint_dir(root.path(), 10));
+            checkpoint_dir(root.path(), 20));
+  EXPECT_EQ(read_checkpoint(checkpoint_dir(root.path(), 20)).layers,
+            sample_layers());
+  // Rewritten whole, it replaces the old one.
+  write_checkpoint(root.path(), sample_manifest(20), sample_layers());
+  EXPECT_EQ(read_checkpoint(checkpoint_dir(root.path(), 20)).manifest.step, 20);
 }
 
 // --- The safetensors writer is the `--export` writer's drop-in. ---
@@ -789,14 +911,15 @@ TEST(runtime_checkpoint_files, write_safetensors_matches_the_export_layout) {
 TEST(runtime_checkpoint_writer, writes_layers_then_publishes_the_manifest) {
   temp_dir root;
   auto layers = sample_layers();
-  prepare_checkpoint_dir(root.path(), 4);
+  const auto id = identity_of(sample_manifest(4));
+  prepare_checkpoint_dir(root.path(), id);
   std::vector<file_record> records;
   {
     checkpoint_writer writer(root.path(), 2);
     std::promise<void> written;
     // Two chips: layers {0, 1} and {2}, any order of completion.
     auto part = [&](std::vector<layer_state> mine, bool last) {
-      writer.write_layers(4, std::move(mine),
+      writer.write_layers(id, std::move(mine),
                           [&, last](std::vector<file_record> r,
                                     std::exception_ptr e) {
                             ASSERT_FALSE(e);
@@ -831,15 +954,15 @@ TEST(runtime_checkpoint_writer, an_abandoned_save_publishes_nothing) {
   // Hold the writer's thread inside a first write's callback, queue the
   // save of step 4 behind it, abandon, then let go.
   std::promise<void> holding, release;
-  writer.write_layers(2, {layers[0]},
+  writer.write_layers(identity_of(sample_manifest(2)), {layers[0]},
                       [&](std::vector<file_record>, std::exception_ptr) {
                         holding.set_value();
                         release.get_future().wait();
                       });
   holding.get_future().wait();
-  prepare_checkpoint_dir(root.path(), 4);
+  prepare_checkpoint_dir(root.path(), identity_of(sample_manifest(4)));
   int cancelled = 0;
-  writer.write_layers(4, layers,
+  writer.write_layers(identity_of(sample_manifest(4)), layers,
                       [&](std::vector<file_record> r, std::exception_ptr e) {
                         EXPECT_TRUE(r.empty());
                         EXPECT_THROW(std::rethrow_exception(e),

@@ -31,11 +31,13 @@ struct chip_options {
 /// - (update_atom, update_command) -> chip_update_report
 /// - (eval_atom, eval_command) -> chip_eval_report
 /// - (params_atom) -> std::vector<runtime::parameter_values>
-/// - (snapshot_atom, std::int64_t step) -> std::int32_t: copies the stage's
-///   layers to host memory (the training stall of a save), hands them to
-///   the writer and answers how many; once they are on disk the sender
-///   gets (written_atom, step, std::vector<runtime::file_record>,
-///   caf::error).
+/// - (snapshot_atom, std::int64_t step, std::string job_id, std::string
+///   model_digest) -> std::int32_t: copies the stage's layers to host
+///   memory (the training stall of a save), hands them to the writer for
+///   that checkpoint (runtime::checkpoint_identity) and answers how many;
+///   once they are on disk the sender gets (written_atom, step,
+///   std::vector<runtime::file_record>, caf::error), sent as from this
+///   chip.
 /// - (layers_atom) -> std::vector<runtime::layer_state>: host copies of
 ///   the stage's layers (a live re-plan)
 /// - (replan_atom, std::string plan_json, std::vector<layer_state>) ->

@@ -56,6 +56,14 @@ std::string write_checkpoint_marker(const std::filesystem::path& root);
 void check_checkpoint_marker(const std::filesystem::path& root,
                              const std::string& expected, int rank);
 
+/// Whether `files`, reported as written by the chip whose stage holds
+/// layers [first_layer, end_layer), may join the records `so_far` of the
+/// same checkpoint: every one of its layers in that range, none twice, none
+/// recorded already. The scheduler drops a report that is not (a forged or
+/// repeated message must not publish a manifest early).
+bool files_of_stage(const std::vector<file_record>& files, int first_layer,
+                    int end_layer, const std::vector<file_record>& so_far);
+
 /// One node's checkpoint writes, on a thread of its own, in the order they
 /// were queued (docs/checkpoints.md). Every node of a job has one: each
 /// writes the layer files of the layers its chips own; the writer of the
@@ -79,13 +87,14 @@ public:
 
   const std::filesystem::path& root() const noexcept { return root_; }
 
-  /// Queues writing `layers` as layer files of step `step`'s directory
-  /// (which prepare_checkpoint_dir made ready); `done` gets their records.
-  void write_layers(std::int64_t step, std::vector<layer_state> layers,
+  /// Queues writing `layers` as layer files of the checkpoint `id` names,
+  /// into its partial directory (which prepare_checkpoint_dir made ready);
+  /// `done` gets their records.
+  void write_layers(checkpoint_identity id, std::vector<layer_state> layers,
                     layers_written done);
 
-  /// Queues writing `manifest` (its files filled) into its step's
-  /// directory, which publishes the checkpoint, then pruning to `keep`.
+  /// Queues publishing `manifest` (its files filled) with
+  /// publish_checkpoint, then pruning the job's checkpoints to `keep`.
   void publish(checkpoint_manifest manifest, published done);
 
   /// Gives up on every write not yet finished (a second signal, a failed
