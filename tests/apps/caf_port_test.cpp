@@ -150,9 +150,14 @@ TEST_F(apps_caf_port, peers_without_the_secret_reach_nothing_and_cost_nothing) {
   EXPECT_TRUE(rank0.wait_until([&] { return open_ones() <= 64; }, run_timeout))
     << open_ones() << " silent connections open";
   EXPECT_TRUE(rank0.running()) << rank0.err();
+#if !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
+  // Under ASan freed memory stays in its quarantine (256 MiB by default),
+  // and TSan keeps shadow memory of its own, so resident memory says
+  // nothing there: the bound is checked in the Release stage.
   const long after = rss_kib_of(rank0.pid());
   EXPECT_LT(after - before, 64 * 1024)
     << "rank 0 grew from " << before << " to " << after << " KiB";
+#endif
 
   // The job goes on: node 1 joins past the silent connections and trains.
   expect_rank1_trains_to_the_end(rank0, job, secret, where, dir_);
