@@ -85,11 +85,12 @@ std::vector<step_dir> list_step_dirs(const std::filesystem::path& root) {
   return dirs;
 }
 
-/// The job of the complete checkpoint in `dir` (its manifest's job_id), or
-/// nullopt when its manifest does not read.
-std::optional<std::string> job_of(const std::filesystem::path& dir) {
+/// The manifest of the checkpoint in `dir`, or nullopt when it does not
+/// read.
+std::optional<checkpoint_manifest>
+manifest_of(const std::filesystem::path& dir) {
   try {
-    return read_manifest(dir).job_id;
+    return read_manifest(dir);
   } catch (const checkpoint_error&) {
     return std::nullopt;
   }
@@ -194,7 +195,8 @@ std::filesystem::path publish_checkpoint(const std::filesystem::path& root,
   struct stat st {};
   if (::lstat(dir.c_str(), &st) == 0) {
     // Rewriting a step: only this job's own checkpoint is replaced.
-    if (!S_ISDIR(st.st_mode) || job_of(dir) != manifest.job_id)
+    const auto there = S_ISDIR(st.st_mode) ? manifest_of(dir) : std::nullopt;
+    if (!there || there->job_id != manifest.job_id)
       throw checkpoint_error(
         checkpoint_errc::io, dir,
         "exists and is not a checkpoint of this job (another job's, a "
@@ -372,8 +374,11 @@ prune_checkpoints(const std::filesystem::path& root, int keep,
   for (const auto& d : list_step_dirs(root)) {
     bool remove = false;
     if (d.suffix.empty()) {
-      if (job_of(d.dir) != job_id || incomplete_reason(d.dir, d.step))
-        continue; // another job's, or no checkpoint: not this job's to judge
+      // One read: another job's, or no checkpoint, is not this job's to
+      // judge.
+      const auto m = manifest_of(d.dir);
+      if (!m || m->job_id != job_id || m->step != d.step)
+        continue;
       remove = ++complete > keep;
     } else {
       remove = complete > 0 && (d.suffix == ".partial-" + job_id ||
