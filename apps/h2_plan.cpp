@@ -118,6 +118,8 @@ void write_trace(const std::string& path, const job_config& job, const plan& p,
     nlohmann::json args = nlohmann::json::object();
     if (iv.micro_batch >= 0)
       args["micro_batch"] = iv.micro_batch;
+    if (iv.chunk >= 0)
+      args["chunk"] = iv.chunk;
     trace.complete(name, std::string(to_string(iv.kind)), iv.replica, iv.stage,
                    iv.start_seconds, iv.end_seconds - iv.start_seconds, args);
   }
@@ -177,8 +179,11 @@ int run(const options& opt) {
   if (!opt.schedule.empty()) {
     auto k = parse_schedule_kind(opt.schedule);
     if (!k)
-      throw config_error("", "--schedule: expected gpipe or 1f1b, got \"" +
-                               opt.schedule + "\"");
+      throw config_error("", "--schedule: expected one of " +
+                               schedule_kind_choices() + ", got \"" +
+                               printable(opt.schedule) + "\"");
+    if (auto why = schedule_unavailable(*k); !why.empty())
+      throw config_error("", "--schedule: " + std::string(why));
     po.schedule = *k;
   }
   po.micro_batch_sizes = opt.micro_batch;
@@ -268,7 +273,7 @@ int main(int argc, char** argv) {
                "Also list every stage-1 layout with its own best step time "
                "(slower: each is solved to its optimum)");
   cli.add_option("--schedule", opt.schedule,
-                 "gpipe or 1f1b (default: plan.schedule of the job)");
+                 "gpipe, 1f1b or zb-h1 (default: plan.schedule of the job)");
   cli
     .add_option("--micro-batch", opt.micro_batch,
                 "Allowed micro-batch sizes (default: every divisor)")

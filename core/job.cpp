@@ -17,15 +17,45 @@ std::string_view to_string(clock_mode m) noexcept {
 }
 
 std::string_view to_string(schedule_kind k) noexcept {
-  return k == schedule_kind::gpipe ? "gpipe" : "1f1b";
+  switch (k) {
+    case schedule_kind::gpipe:
+      return "gpipe";
+    case schedule_kind::one_f_one_b:
+      return "1f1b";
+    case schedule_kind::interleaved_1f1b:
+      return "interleaved-1f1b";
+    case schedule_kind::zb_h1:
+      return "zb-h1";
+  }
+  return "unknown";
 }
 
 std::optional<schedule_kind> parse_schedule_kind(std::string_view s) noexcept {
-  if (s == "gpipe")
-    return schedule_kind::gpipe;
-  if (s == "1f1b")
-    return schedule_kind::one_f_one_b;
+  for (auto k : all_schedule_kinds)
+    if (s == to_string(k))
+      return k;
   return std::nullopt;
+}
+
+std::string_view schedule_unavailable(schedule_kind k) noexcept {
+  switch (k) {
+    case schedule_kind::gpipe:
+    case schedule_kind::one_f_one_b:
+    case schedule_kind::zb_h1:
+      return "";
+    case schedule_kind::interleaved_1f1b:
+      return "interleaved-1f1b needs several chunks per chip, and this "
+             "version's plans hold one chunk per chip (the scheduler and "
+             "h2-plan's simulations know it; training does not yet)";
+  }
+  return "unknown schedule";
+}
+
+std::string schedule_kind_choices() {
+  std::string out;
+  for (auto k : all_schedule_kinds)
+    out += (out.empty() ? "\"" : ", \"") + std::string(to_string(k)) + "\"";
+  return out;
 }
 
 std::string_view to_string(device_backend b) noexcept {

@@ -236,8 +236,10 @@ void read_plan(table_reader& root, job_config& job) {
                         return std::nullopt;
                       });
   p.schedule =
-    enum_value(*t, "schedule", p.schedule, "\"gpipe\", \"1f1b\"",
+    enum_value(*t, "schedule", p.schedule, schedule_kind_choices(),
                [](const std::string& s) { return parse_schedule_kind(s); });
+  if (auto why = schedule_unavailable(p.schedule); !why.empty())
+    throw config_error(t->path("schedule"), std::string(why));
   if (const toml::array* a = t->maybe_array("stages")) {
     if (a->empty())
       throw config_error(t->path("stages"), "expected at least one chip id");

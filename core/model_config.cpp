@@ -65,6 +65,9 @@ layer_work compute_layer_work(const gpt_config& cfg, int layer, int micro_batch,
       // A gather: no dense FLOPs; rows of both tables read, output written.
       w.forward_flops = n * d; // the token + position add
       w.backward_flops = 2 * n * d;
+      // No input to differentiate: the whole backward is the tables'
+      // gradients.
+      w.weight_gradient_flops = w.backward_flops;
       w.forward_bytes = 3 * n * d * e;
       w.backward_bytes = 4 * n * d * e;
       break;
@@ -73,6 +76,9 @@ layer_work compute_layer_work(const gpt_config& cfg, int layer, int micro_batch,
       double attention = 4 * b * t * t * d;
       w.forward_flops = gemm + attention;
       w.backward_flops = 2 * w.forward_flops;
+      // Every GEMM's weight gradient costs its forward again; attention's
+      // products have no weights.
+      w.weight_gradient_flops = gemm;
       // Weights once; activations: LayerNorms, qkv, attention output,
       // residuals and the MLP's hidden layer, plus the score matrices.
       double act = n * (12 * d + 3 * f) * e + 2 * b * h * t * t * e;
@@ -83,11 +89,16 @@ layer_work compute_layer_work(const gpt_config& cfg, int layer, int micro_batch,
     case layer_kind::head:
       w.forward_flops = 2 * n * d * v + 5 * n * v; // GEMM + softmax/loss
       w.backward_flops = 4 * n * d * v + 3 * n * v;
+      w.weight_gradient_flops = 2 * n * d * v;
       w.forward_bytes = weight_bytes + (3 * n * d + 3 * n * v) * e;
       w.backward_bytes = 2 * weight_bytes + (4 * n * d + 3 * n * v) * e;
       break;
   }
   return w;
+}
+
+double weight_gradient_share(const layer_work& w) noexcept {
+  return w.backward_flops > 0 ? w.weight_gradient_flops / w.backward_flops : 0;
 }
 
 double training_flops(const gpt_config& cfg, double tokens) {

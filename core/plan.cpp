@@ -101,7 +101,10 @@ plan plan_from_json(const std::string& text, const std::string& origin) {
   auto kind = sched.is_string() ? parse_schedule_kind(sched.get<std::string>())
                                 : std::nullopt;
   if (!kind)
-    throw config_error(root + ".schedule", "expected \"gpipe\" or \"1f1b\"");
+    throw config_error(root + ".schedule",
+                       "expected one of " + schedule_kind_choices());
+  if (auto why = schedule_unavailable(*kind); !why.empty())
+    throw config_error(root + ".schedule", std::string(why));
   p.schedule = *kind;
   long long sequences = 0;
   const json& reps = member(j, "replicas", root);

@@ -70,8 +70,10 @@ layer_profile chip_profiler::layer(const chip_spec& chip, layer_kind kind,
     compute_layer_work(cfg, index, micro_batch_size, dev.compute_dtype());
   auto f = dev.layer_seconds(work, devices::pass::forward);
   auto b = dev.layer_seconds(work, devices::pass::backward);
-  if (f && b)
-    return {*f, *b};
+  auto bi = dev.layer_seconds(work, devices::pass::backward_input);
+  auto bw = dev.layer_seconds(work, devices::pass::backward_weight);
+  if (f && b && bi && bw)
+    return {*f, *b, *bi, *bw};
 
   // A real chip: time the layer itself, as the runtime runs it.
   devices::thread_binding bind(dev);
@@ -85,8 +87,11 @@ layer_profile chip_profiler::layer(const chip_spec& chip, layer_kind kind,
   if (kind != layer_kind::embedding)
     input = dev.to_device(at::randn({n, t, cfg.d_model}, at::kFloat))
               .requires_grad_(true);
-  std::vector<double> fwd, bwd;
-  for (int run = 0; run <= repeats_; ++run) {
+  std::vector<at::Tensor> params;
+  for (auto& p : l->parameters())
+    params.push_back(p.value);
+  std::vector<double> fwd, bwd, bin, bwt;
+  auto forward = [&] {
     for (auto& p : l->parameters())
       p.value.mutable_grad() = at::Tensor();
     auto t0 = std::chrono::steady_clock::now();
@@ -96,20 +101,37 @@ layer_profile chip_profiler::layer(const chip_spec& chip, layer_kind kind,
       out = l->forward(input, mb);
     }
     dev.synchronize();
-    double tf = seconds_since(t0);
-    t0 = std::chrono::steady_clock::now();
-    if (kind == layer_kind::head)
-      out.backward();
-    else
-      out.backward(at::ones_like(out));
+    return std::make_pair(out, seconds_since(t0));
+  };
+  // backward(gradient, retain, create, inputs), timed.
+  auto backward = [&](const at::Tensor& out, bool retain,
+                      c10::optional<at::TensorList> inputs) {
+    auto t0 = std::chrono::steady_clock::now();
+    out.backward(kind == layer_kind::head ? at::Tensor() : at::ones_like(out),
+                 retain, false, inputs);
     dev.synchronize();
-    double tb = seconds_since(t0);
+    return seconds_since(t0);
+  };
+  for (int run = 0; run <= repeats_; ++run) {
+    auto [out, tf] = forward();
+    double tb = backward(out, false, c10::nullopt);
+    // The same layer with the backward split, as a zero-bubble schedule
+    // runs it: B (input gradients, the graph kept), then W.
+    auto split = forward().first;
+    double ti = 0;
+    if (input.defined()) {
+      const std::vector<at::Tensor> inputs{input};
+      ti = backward(split, true, inputs);
+    }
+    double tw = backward(split, false, params);
     if (run > 0) { // the first run warms caches and allocators up
       fwd.push_back(tf);
       bwd.push_back(tb);
+      bin.push_back(ti);
+      bwt.push_back(tw);
     }
   }
-  return {median(fwd), median(bwd)};
+  return {median(fwd), median(bwd), median(bin), median(bwt)};
 }
 
 std::uint64_t chip_profiler::capacity_bytes(const chip_spec& chip) {

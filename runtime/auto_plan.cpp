@@ -14,7 +14,8 @@ scheduler::layer_timing profiled_measurements::layer(const chip_spec& chip,
                                                      layer_kind kind,
                                                      int micro_batch_size) {
   auto p = profiler_->layer(chip, kind, micro_batch_size);
-  return {p.forward_seconds, p.backward_seconds};
+  return {p.forward_seconds, p.backward_seconds, p.input_seconds,
+          p.weight_seconds};
 }
 
 double profiled_measurements::optimizer(const chip_spec& chip,

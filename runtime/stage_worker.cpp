@@ -1,5 +1,7 @@
 #include "h2/runtime/stage_worker.hpp"
 
+#include "stage_worker_context.hpp"
+
 #include "h2/model/optim.hpp"
 #include "h2/runtime/links.hpp"
 #include "h2/transport/collectives.hpp"
@@ -16,31 +18,7 @@
 
 namespace h2::runtime {
 
-using scheduler::op_kind;
-using transport::make_tag;
 using transport::tag_kind;
-
-/// The state of one step's op list: what each micro-batch holds between
-/// its ops, and what the step has measured so far.
-struct stage_worker::op_context {
-  explicit op_context(int micro_batches)
-      : input(micro_batches),
-        output(micro_batches),
-        grad(micro_batches),
-        input_grad(micro_batches),
-        batch(micro_batches) {}
-
-  std::vector<at::Tensor> input;      ///< received activations (leaves)
-  std::vector<at::Tensor> output;     ///< stage outputs kept for backward
-  std::vector<at::Tensor> grad;       ///< received output gradients
-  std::vector<at::Tensor> input_grad; ///< gradients to send back
-  std::vector<model::micro_batch> batch;
-  double idle_seconds = 0;
-  std::vector<op_record> ops;
-  std::map<chip_id, link_charge> links; ///< pipeline receives, per sender
-  /// Charged (virtual) seconds of the step's forward and backward ops.
-  double forward_charged = 0, backward_charged = 0;
-};
 
 stage_worker::stage_worker(worker_setup setup) : setup_(std::move(setup)) {
   const job_config& job = *setup_.job;
@@ -66,7 +44,12 @@ stage_worker::stage_worker(worker_setup setup) : setup_(std::move(setup)) {
   double forward_total = 0, backward_total = 0;
   for (const auto& w : work_) {
     auto f = device_->layer_seconds(w, devices::pass::forward);
+    // What the schedule's backward of the layer is charged: fused, or B
+    // and W.
     auto b = device_->layer_seconds(w, devices::pass::backward);
+    if (b && scheduler::splits_backward(setup_.schedule))
+      b = *device_->layer_seconds(w, devices::pass::backward_input) +
+          *device_->layer_seconds(w, devices::pass::backward_weight);
     forward_share_.push_back(f ? *f : w.forward_flops);
     backward_share_.push_back(b ? *b : w.backward_flops);
     if (a.recompute)
@@ -352,159 +335,6 @@ void stage_worker::check_cancelled() const {
     throw cancelled_error("chip " + device_->describe() + ": step aborted");
 }
 
-namespace {
-
-/// Traffic per neighbour so far.
-std::vector<channel_traffic> traffic_of(const worker_setup& s) {
-  std::vector<channel_traffic> out;
-  for (const auto& [peer, link] : s.peers) {
-    auto st = link.channel->stats();
-    out.push_back(
-      {peer, st.bytes_sent, st.bytes_received, st.bytes_sent_on_device});
-  }
-  return out;
-}
-
-} // namespace
-
-chip_step_report stage_worker::run_step(const step_command& cmd) {
-  return guarded([&] {
-    devices::thread_binding bind(*device_);
-    auto& clock = device_->clock();
-    clock.advance_virtual_to(cmd.virtual_barrier);
-    device_->reset_peak();
-    stage_->zero_grad();
-    const bool recompute = setup_.assignment.recompute;
-    const bool first = setup_.stage == 0;
-    const int size = setup_.micro_batch_size;
-    chip_step_report r;
-    r.chip = device_->id();
-    r.replica = setup_.replica;
-    r.stage = setup_.stage;
-    r.first_layer = setup_.assignment.first_layer;
-    r.start = clocks();
-    auto traffic_before = traffic_of(setup_);
-    op_context ctx(setup_.micro_batches);
-    const double forward_emulated = layer_seconds(devices::pass::forward);
-    const double backward_emulated = layer_seconds(devices::pass::backward);
-
-    for (const auto& op :
-         schedule_.ops[static_cast<std::size_t>(setup_.stage)]) {
-      const int mb = op.micro_batch;
-      const auto i = static_cast<std::size_t>(mb);
-      check_cancelled();
-      switch (op.kind) {
-        case op_kind::recv_forward: {
-          auto t = receive(*setup_.prev,
-                           make_tag(tag_kind::activation, cmd.step, mb), ctx,
-                           mb);
-          t.set_requires_grad(true);
-          ctx.input[i] = t;
-          break;
-        }
-        case op_kind::forward: {
-          if (data_)
-            ctx.batch[i] =
-              load_batch(model::split::train, cmd.step,
-                         setup_.first_sequence + mb * size, loss_scale_);
-          const auto predicted =
-            charged(forward_emulated, cmd.step, recorded_op::forward, mb);
-          begin_op("forward", mb, predicted);
-          double w0 = clock.wall_now(), t0 = clock.now(),
-                 v0 = clock.virtual_now();
-          at::Tensor out;
-          {
-            devices::compute_scope scope(*device_);
-            std::optional<at::NoGradGuard> no_grad;
-            if (recompute)
-              no_grad.emplace();
-            out = stage_->forward(ctx.input[i], ctx.batch[i]);
-          }
-          expect_held(out, "a forward's output");
-          device_->synchronize();
-          r.forward_seconds += device_->complete_op(w0, predicted);
-          end_op();
-          ctx.forward_charged += clock.virtual_now() - v0;
-          ctx.ops.push_back({recorded_op::forward, mb,
-                             t0, clock.now(), clock.virtual_now() - v0});
-          if (stage_->has_head())
-            r.loss += out.item<double>();
-          ctx.output[i] = out;
-          break;
-        }
-        case op_kind::send_forward:
-          send(*setup_.next, make_tag(tag_kind::activation, cmd.step, mb),
-               ctx.output[i].detach());
-          if (recompute)
-            ctx.output[i] = at::Tensor(); // recomputed in the backward
-          break;
-        case op_kind::recv_backward:
-          ctx.grad[i] =
-            receive(*setup_.next,
-                    make_tag(tag_kind::gradient, cmd.step, mb), ctx, mb);
-          break;
-        case op_kind::backward: {
-          double seconds = backward_emulated;
-          if (recompute && seconds >= 0)
-            seconds += forward_emulated;
-          const auto predicted =
-            charged(seconds, cmd.step, recorded_op::backward, mb);
-          begin_op("backward", mb, predicted);
-          double w0 = clock.wall_now(), t0 = clock.now(),
-                 v0 = clock.virtual_now();
-          at::Tensor out = std::move(ctx.output[i]);
-          if (recompute) {
-            devices::compute_scope scope(*device_);
-            out = stage_->forward(ctx.input[i], ctx.batch[i]);
-          }
-          if (stage_->has_head())
-            out.backward();
-          else
-            out.backward(ctx.grad[i]);
-          out = at::Tensor();
-          ctx.grad[i] = at::Tensor();
-          ctx.batch[i] = model::micro_batch();
-          if (!first)
-            ctx.input_grad[i] = ctx.input[i].grad();
-          ctx.input[i] = at::Tensor();
-          device_->synchronize();
-          r.backward_seconds += device_->complete_op(w0, predicted);
-          end_op();
-          ctx.backward_charged += clock.virtual_now() - v0;
-          ctx.ops.push_back({recorded_op::backward, mb,
-                             t0, clock.now(), clock.virtual_now() - v0});
-          break;
-        }
-        case op_kind::send_backward:
-          send(*setup_.prev, make_tag(tag_kind::gradient, cmd.step, mb),
-               ctx.input_grad[i]);
-          ctx.input_grad[i] = at::Tensor();
-          break;
-      }
-    }
-    reduce_gradients(cmd.step, ctx);
-    r.phase_end = clocks();
-    for (const auto& l : stage_->layers())
-      r.layer_squared_norms.push_back(model::squared_grad_norm(*l));
-    r.idle_seconds = ctx.idle_seconds;
-    r.memory = memory_now();
-    r.traffic = traffic_of(setup_);
-    for (std::size_t i = 0; i < r.traffic.size(); ++i) {
-      r.traffic[i].sent -= traffic_before[i].sent;
-      r.traffic[i].received -= traffic_before[i].received;
-      r.traffic[i].sent_on_device -= traffic_before[i].sent_on_device;
-    }
-    r.overruns = clock.overruns();
-    r.overrun_seconds = clock.overrun_seconds();
-    r.ops = std::move(ctx.ops);
-    const double m = setup_.micro_batches;
-    r.layers = layer_charges(ctx.forward_charged / m, ctx.backward_charged / m);
-    for (auto& [peer, l] : ctx.links)
-      r.links.push_back(l);
-    return r;
-  });
-}
-
 chip_update_report stage_worker::apply_update(const update_command& cmd) {
   return guarded([&] {
     devices::thread_binding bind(*device_);
@@ -532,66 +362,6 @@ chip_update_report stage_worker::apply_update(const update_command& cmd) {
     r.memory = memory_now();
     r.op = {recorded_op::optimizer, 0, t0, clock.now(),
             clock.virtual_now() - v0};
-    return r;
-  });
-}
-
-chip_eval_report stage_worker::run_eval(const eval_command& cmd) {
-  return guarded([&] {
-    devices::thread_binding bind(*device_);
-    auto& clock = device_->clock();
-    clock.advance_virtual_to(cmd.virtual_barrier);
-    const job_config& job = *setup_.job;
-    const int m = setup_.micro_batches;
-    const int size = setup_.micro_batch_size;
-    const int total = m * job.train.eval_batches;
-    const double scale = loss_scale_ / job.train.eval_batches;
-    auto ops = scheduler::make_forward_schedule(setup_.stages, total)
-                 .ops[static_cast<std::size_t>(setup_.stage)];
-    op_context ctx(total);
-    at::NoGradGuard no_grad;
-    chip_eval_report r;
-    r.chip = device_->id();
-    const double forward_emulated = layer_seconds(devices::pass::forward);
-    for (const auto& op : ops) {
-      const int mb = op.micro_batch;
-      const auto i = static_cast<std::size_t>(mb);
-      check_cancelled();
-      const auto tag = make_tag(tag_kind::eval_activation, cmd.step, mb);
-      switch (op.kind) {
-        case op_kind::recv_forward:
-          ctx.input[i] =
-            receive(*setup_.prev, tag, ctx, mb);
-          break;
-        case op_kind::forward: {
-          model::micro_batch batch;
-          if (data_)
-            batch = load_batch(model::split::validation, mb / m,
-                               setup_.first_sequence + (mb % m) * size, scale);
-          double w0 = clock.wall_now();
-          {
-            devices::compute_scope scope(*device_);
-            ctx.output[i] = stage_->forward(ctx.input[i], batch);
-          }
-          ctx.input[i] = at::Tensor();
-          device_->synchronize();
-          device_->complete_op(
-            w0, charged(forward_emulated, cmd.step, recorded_op::forward, mb));
-          if (stage_->has_head()) {
-            r.loss += ctx.output[i].item<double>();
-            ctx.output[i] = at::Tensor();
-          }
-          break;
-        }
-        case op_kind::send_forward:
-          send(*setup_.next, tag, ctx.output[i]);
-          ctx.output[i] = at::Tensor();
-          break;
-        default:
-          H2_ENFORCE(false, "backward op in a forward-only schedule");
-      }
-    }
-    r.end = clocks();
     return r;
   });
 }

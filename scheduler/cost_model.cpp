@@ -124,6 +124,8 @@ stage_cost stage_coefficients::cost(const stage_layers& s,
   // runtime charges them.
   double fwd = nb * block.forward_seconds;
   double bwd = nb * block.backward_seconds;
+  double input = nb * block.input_seconds;
+  double weight = nb * block.weight_seconds;
   double opt = nb * optimizer_block;
   double stat = nb * memory_block.static_bytes;
   double act = nb * memory_block.activation_bytes;
@@ -133,6 +135,8 @@ stage_cost stage_coefficients::cost(const stage_layers& s,
   auto add = [&](const layer_timing& t, double o, const layer_memory& m) {
     fwd += t.forward_seconds;
     bwd += t.backward_seconds;
+    input += t.input_seconds;
+    weight += t.weight_seconds;
     opt += o;
     stat += m.static_bytes;
     act += m.activation_bytes;
@@ -144,14 +148,16 @@ stage_cost stage_coefficients::cost(const stage_layers& s,
     add(embedding, optimizer_embedding, memory_embedding);
   if (s.head)
     add(head, optimizer_head, memory_head);
-  const double input = s.embedding ? 0.0 : boundary_bytes;
+  const double input_bytes = s.embedding ? 0.0 : boundary_bytes;
   const double batch = s.embedding || s.head ? batch_bytes : 0.0;
   c.forward_seconds = fwd;
   c.backward_seconds = recompute ? bwd + fwd : bwd;
+  c.input_seconds = recompute ? input + fwd : input; // B recomputes
+  c.weight_seconds = weight;
   c.optimizer_seconds = opt;
   c.static_bytes = stat;
   c.recompute = recompute;
-  c.held_bytes = input + batch + (recompute ? 0.0 : act);
+  c.held_bytes = input_bytes + batch + (recompute ? 0.0 : act);
   c.working_bytes = recompute ? act + work : work;
   c.optimizer_working_bytes = opt_work;
   c.gradient_bytes = 4 * params;
@@ -159,7 +165,7 @@ stage_cost stage_coefficients::cost(const stage_layers& s,
 }
 
 cost_model::cost_model(const job_config& job, chip_measurements& measurements)
-    : job_(&job), cache_(measurements) {
+    : job_(&job), cache_(measurements, job.model) {
 }
 
 double cost_model::capacity_bytes(const chip_spec& chip) const {

@@ -30,6 +30,19 @@ layer_timing measurement_cache::layer(const chip_spec& chip, layer_kind kind,
   layer_timing t = source_->layer(chip, kind, micro_batch_size);
   check_seconds(t.forward_seconds, chip, to_string(kind));
   check_seconds(t.backward_seconds, chip, to_string(kind));
+  if (t.input_seconds == 0 && t.weight_seconds == 0) {
+    // A source that times only the fused backward: split it by FLOPs.
+    const int index = kind == layer_kind::embedding ? 0
+                      : kind == layer_kind::block   ? 1
+                                                    : model_->n_layer + 1;
+    t.weight_seconds =
+      t.backward_seconds *
+      weight_gradient_share(compute_layer_work(*model_, index, micro_batch_size,
+                                               chip.compute_dtype));
+    t.input_seconds = t.backward_seconds - t.weight_seconds;
+  }
+  check_seconds(t.input_seconds, chip, to_string(kind));
+  check_seconds(t.weight_seconds, chip, to_string(kind));
   layers_.emplace(key, t);
   return t;
 }

@@ -121,6 +121,8 @@ planner::impl::simulator_input planner::impl::pipelines_of(const plan& p) {
       simulated_stage x;
       x.forward_seconds = c.forward_seconds;
       x.backward_seconds = c.backward_seconds;
+      x.input_seconds = c.input_seconds;
+      x.weight_seconds = c.weight_seconds;
       x.optimizer_seconds = c.optimizer_seconds;
       x.static_bytes = c.static_bytes;
       x.held_bytes = c.held_bytes;
@@ -307,8 +309,8 @@ std::string plan_report::explain() const {
   const auto& r0 = replicas.front();
   out << "bubble: " << format("%.1f%%", 100.0 * bubble_fraction)
       << " of the pipeline phase idle (even stages would idle "
-      << format("%.1f%%",
-                100.0 * scheduler::bubble_fraction(stages, r0.micro_batches))
+      << format("%.1f%%", 100.0 * scheduler::theoretical_bubble(
+                                    schedule, stages, r0.micro_batches))
       << ")\n";
   int recomputing = 0;
   for (const auto& r : replicas)

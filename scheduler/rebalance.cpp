@@ -201,9 +201,12 @@ void live_calibration::add(const plan& current,
         obs_b[kind_index(k)] += seen.backward_seconds;
         pred_f[kind_index(k)] += t.forward_seconds;
         // The runtime's backward of a recomputing stage runs the forward
-        // again (docs/planner.md, "Cost model").
+        // again (docs/planner.md, "Cost model"); a split backward is B + W.
         pred_b[kind_index(k)] +=
-          t.backward_seconds + (st.recompute ? t.forward_seconds : 0.0);
+          (splits_backward(current.schedule)
+             ? t.input_seconds + t.weight_seconds
+             : t.backward_seconds) +
+          (st.recompute ? t.forward_seconds : 0.0);
       }
       if (ok) {
         double of = 0, ob = 0, pf = 0, pb = 0;
@@ -341,7 +344,10 @@ layer_timing live_measurements::layer(const chip_spec& chip, layer_kind kind,
   layer_timing t =
     calibration_->profiled().layer(*profiled, kind, micro_batch_size);
   t.forward_seconds *= calibration_->forward_factor(chip.id, kind);
-  t.backward_seconds *= calibration_->backward_factor(chip.id, kind);
+  const double backward = calibration_->backward_factor(chip.id, kind);
+  t.backward_seconds *= backward;
+  t.input_seconds *= backward;
+  t.weight_seconds *= backward;
   return t;
 }
 

@@ -16,6 +16,12 @@
 // then stage 0's all-reduce (it ends last) and the slowest update. The
 // unassigned stages count with their fewest blocks at the cheapest block
 // time, and their maxima by the continuous relaxation of the blocks left.
+//
+// A schedule that splits the backward (zb-h1) runs W after the backward
+// has left for the previous stage, so the paths above overstate it; its
+// bound is each stage's own work after the forwards that reach it, then the
+// slowest update. Every schedule gets its bound by the switch in
+// lower_bound(), so a new schedule cannot inherit another's by accident.
 #include "stage_two_impl.hpp"
 
 #include <algorithm>
@@ -41,7 +47,8 @@ path_bounds::path_bounds(const bound_inputs& in)
   const double m1 = micro_batches_ - 1;
   suffix_one_block_seconds_.assign(stage_count + 1, 0);
   suffix_cheapest_block_seconds_.assign(stage_count + 1, inf);
-  for (auto* r : {&relaxed_one_f_one_b_, &relaxed_forward_, &relaxed_backward_})
+  for (auto* r : {&relaxed_one_f_one_b_, &relaxed_forward_, &relaxed_backward_,
+                  &relaxed_compute_})
     *r = {std::vector<double>(stage_count + 1, 0),
           std::vector<double>(stage_count + 1, 0),
           std::vector<double>(stage_count + 1, -inf),
@@ -73,7 +80,15 @@ path_bounds::path_bounds(const bound_inputs& in)
         block.forward_seconds);
     add(relaxed_backward_, last ? head.backward_seconds : 0.0,
         block.backward_seconds);
+    add(relaxed_compute_,
+        last ? head.forward_seconds + head.backward_seconds : 0.0,
+        block_seconds);
   }
+  forward_link_seconds_.assign(stage_count + 1, 0);
+  for (std::size_t j = 1; j < stage_count; ++j)
+    forward_link_seconds_[j] =
+      forward_link_seconds_[j - 1] + in.min_activation_link_seconds[j];
+  forward_link_seconds_[stage_count] = forward_link_seconds_[stage_count - 1];
   head_seconds_ = head.forward_seconds + head.backward_seconds;
   prefix_link_seconds_.assign(stage_count + 1, 0);
   // Links of a path from stage 0 to j and back: into 1..j forward, into
@@ -97,7 +112,11 @@ void path_bounds::push(int s, const stage_value& v) {
   st.max_fill_path =
     std::max(st.max_fill_path,
              st.compute + prefix_link_seconds_[i] + micro_batches_ * compute);
+  st.max_own_path =
+    std::max(st.max_own_path,
+             st.forward + forward_link_seconds_[i] + micro_batches_ * compute);
   st.compute += compute;
+  st.forward += v.forward;
   const double w = std::min<double>(stages_ - 1 - s, micro_batches_ - 1);
   st.max_one_f_one_b =
     std::max(st.max_one_f_one_b, (micro_batches_ - 1 - w) * v.forward +
@@ -110,6 +129,36 @@ void path_bounds::push(int s, const stage_value& v) {
 }
 
 double path_bounds::lower_bound(int s, int next_first) const {
+  switch (schedule_) {
+    case schedule_kind::gpipe:
+      return fused_bound(s, next_first, true);
+    case schedule_kind::one_f_one_b:
+      return fused_bound(s, next_first, false);
+    case schedule_kind::interleaved_1f1b:
+    case schedule_kind::zb_h1:
+      return own_work_bound(s, next_first);
+  }
+  return 0; // unreachable: every kind is handled above
+}
+
+double path_bounds::own_work_bound(int s, int next_first) const {
+  const auto& st = path_[static_cast<std::size_t>(s)];
+  const double update =
+    std::max(st.max_optimizer, last_stage_min_optimizer_seconds_);
+  double own = st.max_own_path;
+  if (s < stages_ - 1) {
+    // The stages left hold the blocks left and the head; they start after
+    // the assigned stages' forwards.
+    const auto from = static_cast<std::size_t>(s + 1);
+    const int rest_blocks = layers_ - next_first - 1;
+    own = std::max(own, st.forward + forward_link_seconds_[from] +
+                          micro_batches_ * relaxed_bound(relaxed_compute_,
+                                                         from, rest_blocks));
+  }
+  return own + update;
+}
+
+double path_bounds::fused_bound(int s, int next_first, bool gpipe) const {
   const auto& st = path_[static_cast<std::size_t>(s)];
   // Stage 0 ends last; its all-reduce and the slowest update follow.
   const double extra =
@@ -117,7 +166,7 @@ double path_bounds::lower_bound(int s, int next_first) const {
     std::max(st.max_optimizer, last_stage_min_optimizer_seconds_);
   if (s == stages_ - 1) {
     double sum = st.compute + round_trip_link_seconds_;
-    if (schedule_ == schedule_kind::gpipe)
+    if (gpipe)
       return sum + (micro_batches_ - 1) * (st.max_forward + st.max_backward) +
              extra;
     return std::max(st.max_fill_path, sum + st.max_one_f_one_b) + extra;
@@ -129,7 +178,7 @@ double path_bounds::lower_bound(int s, int next_first) const {
     head_seconds_ + suffix_one_block_seconds_[from] +
     (rest_blocks - middle_stages) * suffix_cheapest_block_seconds_[from];
   double sum = st.compute + rest_compute + round_trip_link_seconds_;
-  if (schedule_ == schedule_kind::gpipe)
+  if (gpipe)
     return sum +
            (micro_batches_ - 1) *
              (std::max(st.max_forward,
@@ -210,12 +259,22 @@ std::vector<inbound_link> inbound_links(planner::impl& impl,
   return out;
 }
 
-double joint_option_bound(const inbound_link& inbound, int replicas_total,
-                          double wire_ratio, const group_solution& option) {
-  const double allreduce =
-    2.0 * (replicas_total - 1) *
-    (inbound.latency_seconds + option.first_gradient_bytes * wire_ratio /
-                                 replicas_total * inbound.seconds_per_byte);
+double joint_option_bound(schedule_kind schedule, const inbound_link& inbound,
+                          int replicas_total, double wire_ratio,
+                          const group_solution& option) {
+  double allreduce = 0;
+  switch (schedule) {
+    case schedule_kind::gpipe:
+    case schedule_kind::one_f_one_b:
+      allreduce = 2.0 * (replicas_total - 1) *
+                  (inbound.latency_seconds +
+                   option.first_gradient_bytes * wire_ratio / replicas_total *
+                     inbound.seconds_per_byte);
+      break;
+    case schedule_kind::interleaved_1f1b:
+    case schedule_kind::zb_h1:
+      break;
+  }
   // A bound, so round it down a hair against floating-point noise.
   return (option.phase + allreduce + option.optimizer) * (1 - 1e-12);
 }

@@ -123,7 +123,8 @@ private:
       planner_.job->transport.reduce_dtype == dtype::fp32 ? 1.0 : 0.5;
     const auto inbound = inbound_links(planner_, candidate_);
     auto bound_of = [&](std::size_t i, const group_solution& sol) {
-      return joint_option_bound(inbound[i], replicas_total, wire_ratio, sol);
+      return joint_option_bound(planner_.pipeline_schedule, inbound[i],
+                                replicas_total, wire_ratio, sol);
     };
     // (group, sequences per replica) -> options, by bound.
     std::map<std::pair<std::size_t, int>, std::vector<group_solution>> options;

@@ -33,6 +33,7 @@ struct stage_value {
   bool ok = false;        ///< the stage fits in its chips' memory
   bool recompute = false; ///< only fits with recomputation
   double forward = 0, backward = 0, optimizer = 0, allreduce = 0;
+  double input = 0, weight = 0; ///< B and W (split backward)
   double gradient_bytes = 0; ///< fp32 gradients of the stage
 };
 
@@ -83,6 +84,11 @@ struct bound_inputs {
 /// Per assigned stage s: running sums and maxima over stages 0..s (seconds).
 struct path_state {
   double compute = 0; ///< sum of F + B
+  double forward = 0; ///< sum of F
+  /// Largest "stages 0..j-1 forward once, then all m micro-batches of stage
+  /// j" path: the bound of schedules that split the backward, whose W need
+  /// not wait for anything after them.
+  double max_own_path = 0;
   /// Longest "stage 0..j-1 once, then all m micro-batches of stage j" path.
   double max_fill_path = 0;
   /// Largest (m - 1 - w) F + (m - 1) B, w = min(p - 1 - s, m - 1): the 1F1B
@@ -109,6 +115,13 @@ public:
   double lower_bound(int s, int next_first) const;
 
 private:
+  /// The bound of 1F1B and GPipe (their backward is one op); `gpipe`: all
+  /// forwards before any backward.
+  double fused_bound(int s, int next_first, bool gpipe) const;
+  /// The bound of every schedule: each stage's own work after the forwards
+  /// that reach it.
+  double own_work_bound(int s, int next_first) const;
+
   schedule_kind schedule_ = schedule_kind::one_f_one_b;
   int stages_ = 0, micro_batches_ = 1, layers_ = 0;
   /// Index s: F + B of one block on every middle stage of s..p-2 (each
@@ -118,7 +131,10 @@ private:
   std::vector<double> suffix_cheapest_block_seconds_;
   /// Index j: links of the path from stage 0 to j and back.
   std::vector<double> prefix_link_seconds_;
-  relaxation relaxed_one_f_one_b_, relaxed_forward_, relaxed_backward_;
+  relaxation relaxed_one_f_one_b_, relaxed_forward_, relaxed_backward_,
+    relaxed_compute_;
+  /// Index j: activation links into stages 1..j.
+  std::vector<double> forward_link_seconds_;
   double head_seconds_ = 0;            ///< F + B of the head
   double round_trip_link_seconds_ = 0; ///< stage 0 to p-1 and back
   double last_stage_min_optimizer_seconds_ = 0;
@@ -141,8 +157,11 @@ std::vector<inbound_link> inbound_links(planner::impl& impl,
 /// first stage's all-reduce rides `inbound` takes `option`, with
 /// `replicas_total` replicas in all and `wire_ratio` bytes on the wire per
 /// fp32 gradient byte: the option's phase, the least all-reduce of its first
-/// stage (which ends last) and its update.
-double joint_option_bound(const inbound_link& inbound, int replicas_total,
+/// stage (which ends last under GPipe and 1F1B; a split backward's last W
+/// may end elsewhere, so `schedule` zb-h1 counts no all-reduce) and its
+/// update.
+double joint_option_bound(schedule_kind schedule, const inbound_link& inbound,
+                          int replicas_total,
                           double wire_ratio, const group_solution& option);
 
 // ---------------------------------------------------------------------------
@@ -233,7 +252,8 @@ private:
   /// computed (independent of the micro-batch size).
   mutable std::vector<std::vector<double>> allreduce_seconds_memo_;
   // evaluate()'s buffers, per stage.
-  std::vector<double> forward_seconds_, backward_seconds_,
+  std::vector<double> forward_seconds_, backward_seconds_, input_seconds_,
+    weight_seconds_,
     stage_allreduce_seconds_, stage_end_seconds_;
   path_bounds bounds_;
   // Branch-and-bound state.

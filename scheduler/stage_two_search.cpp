@@ -91,6 +91,8 @@ stage_value group_search::eval(int s, const stage_layers& layers) const {
   v.recompute = c.recompute;
   v.forward = c.forward_seconds;
   v.backward = c.backward_seconds;
+  v.input = c.input_seconds;
+  v.weight = c.weight_seconds;
   v.optimizer = c.optimizer_seconds;
   v.allreduce = allreduce_seconds(s, layers);
   v.gradient_bytes = c.gradient_bytes;
@@ -113,6 +115,8 @@ group_solution group_search::evaluate(const std::vector<int>& ends) {
   const auto stage_count = static_cast<std::size_t>(stages_);
   forward_seconds_.resize(stage_count);
   backward_seconds_.resize(stage_count);
+  input_seconds_.resize(stage_count);
+  weight_seconds_.resize(stage_count);
   stage_allreduce_seconds_.resize(stage_count);
   double optimizer = 0, first_bytes = 0;
   int first = 0;
@@ -122,6 +126,8 @@ group_solution group_search::evaluate(const std::vector<int>& ends) {
       return {};
     forward_seconds_[s] = v.forward;
     backward_seconds_[s] = v.backward;
+    input_seconds_[s] = v.input;
+    weight_seconds_[s] = v.weight;
     stage_allreduce_seconds_[s] = v.allreduce;
     optimizer = std::max(optimizer, v.optimizer);
     first = ends[s];
@@ -137,6 +143,7 @@ group_solution group_search::evaluate(const std::vector<int>& ends) {
       std::max(makespan, planner_.pipeline_simulator.makespan(
                            planner_.pipeline_schedule, stages_, micro_batches_,
                            forward_seconds_.data(), backward_seconds_.data(),
+                           input_seconds_.data(), weight_seconds_.data(),
                            activation.data(), gradient.data()));
     const auto& stage_ends = planner_.pipeline_simulator.stage_ends();
     for (std::size_t s = 0; s < stage_count; ++s)

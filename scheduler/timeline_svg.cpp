@@ -39,6 +39,10 @@ const char* colour(interval_kind k) {
       return "#4e79a7";
     case interval_kind::backward:
       return "#f28e2b";
+    case interval_kind::backward_input:
+      return "#e15759";
+    case interval_kind::backward_weight:
+      return "#edc948";
     case interval_kind::wait:
       return "#d9d9d9";
     case interval_kind::allreduce:
@@ -126,6 +130,8 @@ std::string render_svg(const simulation& sim,
   double lx = left;
   for (auto [name, kind] : {std::pair{"forward", interval_kind::forward},
                             std::pair{"backward", interval_kind::backward},
+                            std::pair{"B (input)", interval_kind::backward_input},
+                            std::pair{"W (weight)", interval_kind::backward_weight},
                             std::pair{"idle", interval_kind::wait},
                             std::pair{"all-reduce", interval_kind::allreduce},
                             std::pair{"optimizer", interval_kind::optimizer}}) {
@@ -148,6 +154,9 @@ std::string render_svg(const simulation& sim,
         << number(row_h - 6) << "\" fill=\"" << colour(interval_kind::wait)
         << "\"/>\n";
   }
+  bool chunked = false; // does some chip hold a chunk other than its own?
+  for (const auto& iv : sim.timeline)
+    chunked = chunked || (iv.chunk >= 0 && iv.chunk != iv.stage);
   for (const auto& iv : sim.timeline) {
     if (iv.kind == interval_kind::wait)
       continue; // the background already shows idle time
@@ -160,11 +169,19 @@ std::string render_svg(const simulation& sim,
         << to_string(iv.kind);
     if (iv.micro_batch >= 0)
       out << " " << iv.micro_batch;
+    if (iv.chunk >= 0)
+      out << " (chunk " << iv.chunk << ")";
     out << "</title></rect>\n";
-    if (iv.micro_batch >= 0 && x1 - x0 >= 14)
+    // Micro-batches as labels; with several chunks per chip "c.i" (chunk c,
+    // micro-batch i).
+    const std::string label =
+      iv.micro_batch < 0 ? ""
+      : chunked ? std::to_string(iv.chunk) + "." + std::to_string(iv.micro_batch)
+                : std::to_string(iv.micro_batch);
+    if (!label.empty() && x1 - x0 >= 7.0 * static_cast<double>(label.size()))
       out << "<text x=\"" << number((x0 + x1) / 2) << "\" y=\""
           << number(y + 15) << "\" fill=\"white\" text-anchor=\"middle\" "
-          << "font-size=\"9\">" << iv.micro_batch << "</text>\n";
+          << "font-size=\"9\">" << label << "</text>\n";
   }
   // Time axis.
   const double axis_y = top + row_h * static_cast<double>(rows.size()) + 6;

@@ -18,8 +18,26 @@ emulated_cost_function::emulated_cost_function(const chip_profile& profile,
 double emulated_cost_function::layer_seconds(const layer_work& work,
                                              pass p) const noexcept {
   const auto& em = profile_.emulation;
-  double flops = p == pass::forward ? work.forward_flops : work.backward_flops;
-  double bytes = p == pass::forward ? work.forward_bytes : work.backward_bytes;
+  double flops = 0, bytes = 0;
+  const double weight_share = weight_gradient_share(work);
+  switch (p) {
+    case pass::forward:
+      flops = work.forward_flops;
+      bytes = work.forward_bytes;
+      break;
+    case pass::backward:
+      flops = work.backward_flops;
+      bytes = work.backward_bytes;
+      break;
+    case pass::backward_input:
+      flops = work.backward_flops - work.weight_gradient_flops;
+      bytes = work.backward_bytes * (1 - weight_share);
+      break;
+    case pass::backward_weight:
+      flops = work.weight_gradient_flops;
+      bytes = work.backward_bytes * weight_share;
+      break;
+  }
   double efficiency =
     em.max_efficiency * work.rows / (work.rows + em.half_efficiency_rows);
   double compute = flops / (profile_.peak_flops(dtype_) * efficiency);

@@ -10,6 +10,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <sstream>
 
 namespace h2::test {
@@ -126,15 +127,21 @@ TEST_P(actors_emulation_theory, step_time_and_bubble_match_the_schedule) {
   run_job(job, obs);
   ASSERT_EQ(obs.steps.size(), 1u);
   const auto& s = obs.steps[0];
-  // Even plan: 3 layers per stage; forward, backward and update each 3 ops.
-  const double f = 3e-3, b = 3e-3, opt = 3e-3;
+  // Even plan: 3 layers per stage; every op of a stage (forward, backward,
+  // B, W, update) is 3 ops of 1 ms. So F = B (fused) under GPipe and 1F1B,
+  // and F = B = W under ZB-H1: the premises of the textbook bubbles.
+  const double unit = 3e-3;
+  const auto kind = *parse_schedule_kind(c.schedule);
   const int p = c.stages, m = c.micro_batches;
-  EXPECT_NEAR(s.pipeline_seconds, (m + p - 1) * (f + b), 1e-12);
-  EXPECT_NEAR(s.step_seconds, (m + p - 1) * (f + b) + opt, 1e-12);
-  EXPECT_NEAR(s.bubble_fraction, scheduler::bubble_fraction(p, m), 1e-9);
+  const double busy = m * unit * (scheduler::splits_backward(kind) ? 3 : 2);
+  const double bubble = scheduler::theoretical_bubble(kind, p, m);
+  const double pipeline = busy / (1 - bubble);
+  EXPECT_NEAR(s.pipeline_seconds, pipeline, 1e-12);
+  EXPECT_NEAR(s.step_seconds, pipeline + unit, 1e-12);
+  EXPECT_NEAR(s.bubble_fraction, bubble, 1e-9);
   for (const auto& chip : s.chips) {
-    EXPECT_NEAR(chip.forward_seconds, m * f, 1e-12);
-    EXPECT_NEAR(chip.idle_seconds, (p - 1) * (f + b), 1e-12);
+    EXPECT_NEAR(chip.forward_seconds, m * unit, 1e-12);
+    EXPECT_NEAR(chip.idle_seconds, pipeline - busy, 1e-12);
   }
 }
 
@@ -143,8 +150,11 @@ std::ostream& operator<<(std::ostream& out, const theory_case& c) {
 }
 
 std::string theory_name(const ::testing::TestParamInfo<theory_case>& info) {
-  return info.param.schedule + "_" + std::to_string(info.param.stages) + "x" +
-         std::to_string(info.param.micro_batches);
+  std::string name = info.param.schedule + "_" +
+                     std::to_string(info.param.stages) + "x" +
+                     std::to_string(info.param.micro_batches);
+  std::replace(name.begin(), name.end(), '-', '_');
+  return name;
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -152,7 +162,9 @@ INSTANTIATE_TEST_SUITE_P(
   ::testing::Values(theory_case{1, 4, "1f1b"}, theory_case{2, 4, "1f1b"},
                     theory_case{3, 2, "1f1b"}, theory_case{4, 8, "1f1b"},
                     theory_case{4, 1, "1f1b"}, theory_case{2, 4, "gpipe"},
-                    theory_case{4, 8, "gpipe"}, theory_case{3, 5, "gpipe"}),
+                    theory_case{4, 8, "gpipe"}, theory_case{3, 5, "gpipe"},
+                    theory_case{2, 4, "zb-h1"}, theory_case{3, 5, "zb-h1"},
+                    theory_case{4, 8, "zb-h1"}),
   theory_name);
 
 TEST(actors_emulation, stage_past_its_memory_cap_fails_naming_the_chip) {

@@ -53,8 +53,11 @@ std::ostream& operator<<(std::ostream& out, const exact_case& c) {
 }
 
 std::string case_name(const ::testing::TestParamInfo<exact_case>& info) {
-  std::string name =
-    info.param.schedule + "_" + std::to_string(info.param.stages) + "_stages";
+  std::string name = info.param.schedule + "_" +
+                     std::to_string(info.param.stages) + "_stages";
+  for (auto& ch : name)
+    if (ch == '-')
+      ch = '_'; // gtest names: letters, digits, underscores
   if (!info.param.recompute.empty())
     name += "_recompute";
   return name;
@@ -100,7 +103,12 @@ INSTANTIATE_TEST_SUITE_P(
                     exact_case{3, "[1, 3, 2]", "1f1b", ""},
                     exact_case{4, "[2, 1, 1, 2]", "gpipe", ""},
                     exact_case{4, "[2, 1, 1, 2]", "1f1b", ""},
-                    exact_case{3, "[2, 1, 3]", "1f1b", "[true, false, true]"}),
+                    exact_case{3, "[2, 1, 3]", "1f1b", "[true, false, true]"},
+                    exact_case{1, "[6]", "zb-h1", ""},
+                    exact_case{2, "[4, 2]", "zb-h1", ""},
+                    exact_case{3, "[1, 3, 2]", "zb-h1", ""},
+                    exact_case{4, "[2, 1, 1, 2]", "zb-h1", ""},
+                    exact_case{3, "[2, 1, 3]", "zb-h1", "[true, false, true]"}),
   case_name);
 
 // bf16 chips (stages 1 and 3 of 4) against the fp32 single-chip reference.

@@ -45,12 +45,13 @@ inline reference_result train_reference(const job_config& job,
                                         schedule_kind kind, int stages) {
   at::set_num_threads(1);
   const int m = job.train.global_batch / job.train.micro_batch;
-  // Every stage of GPipe and 1F1B runs its backwards in the same order;
-  // take the first stage's.
+  // Every stage of GPipe, 1F1B and ZB-H1 accumulates its weight gradients
+  // in the same order (fused backwards, or W); take the first stage's.
   std::vector<int> order;
   const auto schedule = scheduler::make_schedule(kind, stages, m);
   for (const auto& op : schedule.ops[0])
-    if (op.kind == scheduler::op_kind::backward)
+    if (op.kind == scheduler::op_kind::backward ||
+        op.kind == scheduler::op_kind::backward_weight)
       order.push_back(op.micro_batch);
   model::single_chip_trainer trainer(job);
   reference_result out;

@@ -292,24 +292,38 @@ chips = ["emulated:h100-sxm", "emulated:mi250x",
 }
 
 TEST_F(apps_cluster, replicas_on_two_nodes_equal_the_single_process_run) {
-  // One pipeline per node: the gradients are all-reduced over shm.
+  // One pipeline per node: the gradients are all-reduced over shm. Under
+  // zb-h1 (B and W split, W deferred) the nodes train bitwise as 1F1B in
+  // one process: the same kernels, the same order of weight gradients.
   auto job = dir_.write("job.toml", small_job);
   auto plan = dir_.write("plan.json", two_replica_plan);
-  for (const std::string nodes : {"1", "2"}) {
+  auto zb = dir_.write("zb.json", replaced(two_replica_plan, "\"1f1b\"",
+                                           "\"zb-h1\""));
+  auto run = [&](const std::filesystem::path& p, const std::string& nodes,
+                 const std::string& name) {
     std::vector<std::string> args = {
-      job.string(),  "--plan",
-      plan.string(), "--steps",
-      "4",           "--no-metrics",
-      "--export",    (dir_ / (nodes + ".safetensors")).string(),
-      "--json-log",  (dir_ / (nodes + ".jsonl")).string()};
+      job.string(), "--plan",
+      p.string(),   "--steps",
+      "4",          "--no-metrics",
+      "--export",   (dir_ / (name + ".safetensors")).string(),
+      "--json-log", (dir_ / (name + ".jsonl")).string()};
     if (nodes != "1")
       args.insert(args.end(), {"--nodes", nodes});
-    launch_ok(args);
-  }
-  EXPECT_EQ(logged_losses(dir_ / "1.jsonl"), logged_losses(dir_ / "2.jsonl"));
+    return launch_ok(args);
+  };
+  run(plan, "1", "1");
+  run(plan, "2", "2");
+  auto r = run(zb, "2", "zb");
+  EXPECT_NE(r.out.find("zb-h1 schedule"), std::string::npos) << r.out;
   EXPECT_EQ(logged_losses(dir_ / "1.jsonl").size(), 4u);
-  EXPECT_TRUE(read_text(dir_ / "1.safetensors") ==
-              read_text(dir_ / "2.safetensors"));
+  for (const char* name : {"2", "zb"}) {
+    EXPECT_EQ(logged_losses(dir_ / "1.jsonl"),
+              logged_losses(dir_ / (std::string(name) + ".jsonl")))
+      << name;
+    EXPECT_TRUE(read_text(dir_ / "1.safetensors") ==
+                read_text(dir_ / (std::string(name) + ".safetensors")))
+      << name;
+  }
 }
 
 TEST_F(apps_cluster, killed_node_is_reported_by_every_survivor) {

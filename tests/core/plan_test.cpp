@@ -89,7 +89,7 @@ TEST(core_plan, from_json_errors_name_the_json_path) {
   expect_rejected([](json& j) { j["version"] = "1"; }, "p.json.version",
                   {"integer"});
   expect_rejected([](json& j) { j["schedule"] = "zb-v"; }, "p.json.schedule",
-                  {"\"gpipe\" or \"1f1b\""});
+                  {"expected one of \"gpipe\", \"1f1b\", \"interleaved-1f1b\", \"zb-h1\""});
   expect_rejected([](json& j) { j.erase("replicas"); }, "p.json.replicas",
                   {"missing required key"});
   expect_rejected([](json& j) { j["replicas"] = json::array(); },

@@ -36,7 +36,8 @@ std::string name_of(const instance_spec& s) {
          std::string(to_string(s.schedule));
 }
 
-// Up to 6 chips and 16 layers, both schedules, memory binding in some.
+// Up to 6 chips and 16 layers, every schedule plans run, memory binding in
+// some.
 const std::vector<instance_spec> stage_two_instances = {
   {11, 6, 3, 16, 2, schedule_kind::one_f_one_b, 1.8},
   {12, 6, 2, 16, 2, schedule_kind::gpipe, 1.7},
@@ -45,6 +46,8 @@ const std::vector<instance_spec> stage_two_instances = {
   {15, 6, 2, 8, 4, schedule_kind::one_f_one_b, 1.8},
   {16, 4, 2, 16, 4, schedule_kind::one_f_one_b},
   {17, 6, 3, 14, 4, schedule_kind::gpipe, 3.0},
+  {18, 6, 3, 12, 4, schedule_kind::zb_h1, 1.8},
+  {19, 5, 2, 10, 4, schedule_kind::zb_h1},
 };
 
 TEST(scheduler_optimality, stage_two_equals_brute_force_for_every_candidate) {

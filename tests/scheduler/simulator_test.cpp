@@ -161,6 +161,10 @@ double reference_makespan(const simulated_pipeline& p) {
           clock[s] += c.forward_seconds;
         } else if (x.kind == op_kind::backward) {
           clock[s] += c.backward_seconds;
+        } else if (x.kind == op_kind::backward_input) {
+          clock[s] += c.input_seconds;
+        } else if (x.kind == op_kind::backward_weight) {
+          clock[s] += c.weight_seconds;
         } else if (x.kind == op_kind::send_forward) {
           sent_f[{s, x.micro_batch}] = clock[s];
         } else {
@@ -182,6 +186,8 @@ simulated_pipeline random_pipeline(std::mt19937_64& g, schedule_kind kind) {
     simulated_stage st;
     st.forward_seconds = t(g);
     st.backward_seconds = t(g) * 2;
+    st.input_seconds = st.backward_seconds * 0.7;
+    st.weight_seconds = st.backward_seconds * 0.5;
     st.activation_link_seconds = s > 0 ? link(g) : 0;
     st.gradient_link_seconds = s + 1 < p ? link(g) : 0;
     out.stages.push_back(st);
@@ -192,23 +198,125 @@ simulated_pipeline random_pipeline(std::mt19937_64& g, schedule_kind kind) {
 TEST(scheduler_simulator, equals_reference_execution) {
   std::mt19937_64 g(5);
   phase_simulator fast;
-  for (int i = 0; i < 400; ++i) {
-    auto kind = i % 2 ? schedule_kind::gpipe : schedule_kind::one_f_one_b;
+  const schedule_kind kinds[] = {schedule_kind::gpipe,
+                                 schedule_kind::one_f_one_b,
+                                 schedule_kind::zb_h1};
+  for (int i = 0; i < 600; ++i) {
+    auto kind = kinds[i % 3];
     auto p = random_pipeline(g, kind);
     const double ref = reference_makespan(p);
     EXPECT_DOUBLE_EQ(simulate({p}).pipeline_seconds, ref);
-    std::vector<double> f, b, a, gl;
+    std::vector<double> f, b, in, w, a, gl;
     for (const auto& s : p.stages) {
       f.push_back(s.forward_seconds);
       b.push_back(s.backward_seconds);
+      in.push_back(s.input_seconds);
+      w.push_back(s.weight_seconds);
       a.push_back(s.activation_link_seconds);
       gl.push_back(s.gradient_link_seconds);
     }
     EXPECT_DOUBLE_EQ(fast.makespan(kind, static_cast<int>(p.stages.size()),
                                    p.micro_batches, f.data(), b.data(),
-                                   a.data(), gl.data()),
+                                   in.data(), w.data(), a.data(), gl.data()),
                      ref);
   }
+}
+
+// The textbook bubbles on identical chips with free links (schedule.hpp,
+// theoretical_bubble): 1F1B, interleaved 1F1B with v chunks per chip (each
+// chunk a v-th of a stage), ZB-H1 with F = B = W.
+TEST(scheduler_simulator, bubbles_match_theory) {
+  for (int p : {2, 4, 8})
+    for (int m : {p, 2 * p, 4 * p}) {
+      SCOPED_TRACE(testing::Message() << p << "x" << m);
+      simulated_pipeline one;
+      one.kind = schedule_kind::one_f_one_b;
+      one.micro_batches = m;
+      one.stages.assign(static_cast<std::size_t>(p), {});
+      for (auto& s : one.stages) {
+        s.forward_seconds = 1;
+        s.backward_seconds = 2;
+        s.input_seconds = 1;
+        s.weight_seconds = 1;
+      }
+      EXPECT_NEAR(simulate({one}).bubble_fraction,
+                  theoretical_bubble(schedule_kind::one_f_one_b, p, m), 1e-9);
+      auto zb = one;
+      zb.kind = schedule_kind::zb_h1;
+      EXPECT_NEAR(simulate({zb}).bubble_fraction,
+                  theoretical_bubble(schedule_kind::zb_h1, p, m), 1e-9);
+      for (int v : {2, 3}) {
+        simulated_pipeline il;
+        il.kind = schedule_kind::interleaved_1f1b;
+        il.micro_batches = m;
+        il.layout =
+          pipeline_layout::dealt(std::vector<int>(static_cast<std::size_t>(p), v));
+        il.stages.assign(static_cast<std::size_t>(p * v), {});
+        for (auto& s : il.stages) {
+          s.forward_seconds = 1.0 / v;
+          s.backward_seconds = 2.0 / v;
+        }
+        auto sim = simulate({il});
+        ASSERT_EQ(sim.replicas[0].size(), static_cast<std::size_t>(p));
+        EXPECT_NEAR(sim.bubble_fraction,
+                    theoretical_bubble(schedule_kind::interleaved_1f1b, p, m,
+                                       v),
+                    1e-9);
+      }
+    }
+}
+
+// Several chunks per chip: a chip's memory adds up its chunks, its update
+// is the sum of theirs, and the timeline names the chunk of every op.
+TEST(scheduler_simulator, chunks_share_their_chip) {
+  simulated_pipeline il;
+  il.kind = schedule_kind::interleaved_1f1b;
+  il.micro_batches = 2;
+  il.layout = pipeline_layout::dealt({2, 2});
+  for (int c = 0; c < 4; ++c) {
+    simulated_stage s;
+    s.forward_seconds = 1;
+    s.backward_seconds = 2;
+    s.optimizer_seconds = 0.5;
+    s.static_bytes = 100;
+    s.held_bytes = 10 * (c + 1);
+    il.stages.push_back(s);
+  }
+  auto sim = simulate({il}, {}, true);
+  ASSERT_EQ(sim.replicas[0].size(), 2u);
+  const auto& chip0 = sim.replicas[0][0];
+  EXPECT_DOUBLE_EQ(chip0.optimizer_seconds, 1.0);
+  EXPECT_DOUBLE_EQ(chip0.forward_seconds, 4.0);  // 2 chunks x 2 mbs
+  EXPECT_DOUBLE_EQ(chip0.backward_seconds, 8.0);
+  // Chip 0 holds chunks 0 and 2 (10 and 30 bytes per micro-batch); its
+  // warm-up of 4 forwards holds everything at once.
+  EXPECT_EQ(chip0.peak_in_flight, 4);
+  EXPECT_DOUBLE_EQ(chip0.peak_bytes, 200 + 2 * 10 + 2 * 30);
+  bool chunk2 = false;
+  for (const auto& iv : sim.timeline)
+    chunk2 = chunk2 || (iv.stage == 0 && iv.chunk == 2 &&
+                        iv.kind == interval_kind::forward);
+  EXPECT_TRUE(chunk2);
+}
+
+// ZB-H1's timeline has B and W where 1F1B has one backward.
+TEST(scheduler_simulator, zb_h1_timeline_has_b_and_w) {
+  auto p = pipeline(schedule_kind::zb_h1, 3, {1, 1}, {2, 2});
+  for (auto& s : p.stages) {
+    s.input_seconds = 1;
+    s.weight_seconds = 1;
+  }
+  auto sim = simulate({p}, {}, true);
+  int inputs = 0, weights = 0, fused = 0;
+  for (const auto& iv : sim.timeline) {
+    inputs += iv.kind == interval_kind::backward_input;
+    weights += iv.kind == interval_kind::backward_weight;
+    fused += iv.kind == interval_kind::backward;
+  }
+  EXPECT_EQ(inputs, 6);
+  EXPECT_EQ(weights, 6);
+  EXPECT_EQ(fused, 0);
+  EXPECT_DOUBLE_EQ(sim.pipeline_seconds, 3 * 3 + 1); // 3m + p - 1
 }
 
 // GPipe is a flow shop of identical jobs per phase: sum of stage times

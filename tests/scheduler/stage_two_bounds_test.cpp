@@ -134,11 +134,13 @@ TEST(scheduler_stage_two_bounds, joint_option_by_hand) {
   option.first_gradient_bytes = 12;
   // 3 replicas: 2 x 2 crossings of the edge into the chip, each latency 0.5
   // + 12 bytes x 0.5 on the wire / 3 x 0.25 s per byte = 1 s.
-  const double b = joint_option_bound({0.5, 0.25}, 3, 0.5, option);
+  const double b = joint_option_bound(schedule_kind::one_f_one_b, {0.5, 0.25}, 3, 0.5,
+                                     option);
   EXPECT_DOUBLE_EQ(b, 16 * (1 - 1e-12));
   EXPECT_LT(b, 16.0);
   // One replica in all: no all-reduce.
-  EXPECT_DOUBLE_EQ(joint_option_bound({0.5, 0.25}, 1, 0.5, option),
+  EXPECT_DOUBLE_EQ(joint_option_bound(schedule_kind::one_f_one_b, {0.5, 0.25}, 1, 0.5,
+                                      option),
                    12 * (1 - 1e-12));
 }
 
@@ -161,7 +163,9 @@ TEST(scheduler_stage_two_bounds, paths_never_exceed_the_optimum) {
          {63, 3, 2, 9, 4, schedule_kind::one_f_one_b, 2.5},
          {81, 4, 1, 8, 4, schedule_kind::one_f_one_b, 12},
          {82, 6, 2, 9, 6, schedule_kind::gpipe, 15},
-         {84, 6, 1, 10, 6, schedule_kind::gpipe, 3}}) {
+         {84, 6, 1, 10, 6, schedule_kind::gpipe, 3},
+         {85, 4, 2, 8, 4, schedule_kind::zb_h1, 1.6},
+         {86, 6, 2, 9, 6, schedule_kind::zb_h1, 15}}) {
     auto in = random_instance(spec.seed, spec.chips, spec.kinds, spec.layers,
                               spec.global_batch, spec.schedule, spec.tightness);
     scheduler::planner_options options;
@@ -246,7 +250,8 @@ TEST(scheduler_stage_two_bounds, joint_options_never_exceed_the_step) {
   for (const auto& spec : std::vector<small_instance>{
          {71, 4, 2, 6, 4, schedule_kind::one_f_one_b, 12},
          {72, 3, 3, 5, 4, schedule_kind::gpipe, 12},
-         {73, 4, 3, 6, 3, schedule_kind::one_f_one_b, 20}}) {
+         {73, 4, 3, 6, 3, schedule_kind::one_f_one_b, 20},
+         {74, 4, 2, 6, 4, schedule_kind::zb_h1, 12}}) {
     auto in = random_instance(spec.seed, spec.chips, spec.kinds, spec.layers,
                               spec.global_batch, spec.schedule, spec.tightness);
     planner::impl impl(*in.job, *in.measurements, {});
@@ -297,8 +302,10 @@ TEST(scheduler_stage_two_bounds, joint_options_never_exceed_the_step) {
             if (!sim.fits)
               continue;
             const double bound = std::max(
-              joint_option_bound(inbound[0], c.replicas(), wire_ratio, a),
-              joint_option_bound(inbound[1], c.replicas(), wire_ratio, b));
+              joint_option_bound(spec.schedule, inbound[0], c.replicas(),
+                                 wire_ratio, a),
+              joint_option_bound(spec.schedule, inbound[1], c.replicas(),
+                                 wire_ratio, b));
             EXPECT_LE(bound, sim.step_seconds) << to_json(p);
             tightest = std::max(tightest, bound / sim.step_seconds);
             ++combinations;

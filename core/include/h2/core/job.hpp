@@ -22,13 +22,24 @@ enum class clock_mode {
   wall,          ///< chips wait out the emulated time for real
 };
 
-/// The pipeline schedule.
-enum class schedule_kind { gpipe, one_f_one_b };
+/// The pipeline schedule (docs/planner.md, "Schedules").
+enum class schedule_kind { gpipe, one_f_one_b, interleaved_1f1b, zb_h1 };
 
-/// "virtual"/"wall", "gpipe"/"1f1b".
+/// Every schedule_kind, in the order `h2-plan --compare` prints them.
+inline constexpr schedule_kind all_schedule_kinds[] = {
+  schedule_kind::gpipe, schedule_kind::one_f_one_b,
+  schedule_kind::interleaved_1f1b, schedule_kind::zb_h1};
+
+/// "virtual"/"wall"; "gpipe", "1f1b", "interleaved-1f1b", "zb-h1".
 std::string_view to_string(clock_mode m) noexcept;
 std::string_view to_string(schedule_kind k) noexcept;
 std::optional<schedule_kind> parse_schedule_kind(std::string_view s) noexcept;
+/// Why this version cannot run plans of `k`, or "" when it can. Plans hold
+/// one chunk per chip, which interleaved-1f1b cannot use.
+std::string_view schedule_unavailable(schedule_kind k) noexcept;
+/// The names of every schedule, quoted, for error messages:
+/// "\"gpipe\", \"1f1b\", ...".
+std::string schedule_kind_choices();
 
 /// Where a chip's device context comes from.
 enum class device_backend { cpu, emulated, cuda, hip };

@@ -47,6 +47,9 @@ struct layer_work {
   double rows = 0;           ///< tokens in the micro-batch (GEMM M dimension)
   double forward_flops = 0;  ///< dense FLOPs of the forward pass
   double backward_flops = 0; ///< dense FLOPs of the backward pass
+  /// Of backward_flops, the weight gradients' (W of a split backward; the
+  /// rest is B, the input gradients).
+  double weight_gradient_flops = 0;
   double forward_bytes = 0;  ///< memory traffic of the forward pass
   double backward_bytes = 0; ///< memory traffic of the backward pass
   std::int64_t parameters = 0;
@@ -56,6 +59,11 @@ struct layer_work {
 /// in full, as dense kernels compute it).
 layer_work compute_layer_work(const gpt_config& cfg, int layer, int micro_batch,
                               dtype d);
+
+/// The share of `w`'s backward that computes weight gradients (W of a
+/// split backward): weight_gradient_flops / backward_flops, 0 without
+/// backward FLOPs.
+double weight_gradient_share(const layer_work& w) noexcept;
 
 /// FLOPs of one training step of the whole model on `tokens` tokens
 /// (forward + backward, the 6N-plus-attention rule).

@@ -22,10 +22,12 @@ class device_context;
 
 namespace h2::model {
 
-/// Seconds of one layer op pair on one micro-batch.
+/// Seconds of one layer's ops on one micro-batch.
 struct layer_profile {
   double forward_seconds = 0;
-  double backward_seconds = 0;
+  double backward_seconds = 0; ///< fused
+  double input_seconds = 0;    ///< B of a split backward
+  double weight_seconds = 0;   ///< W of a split backward
 };
 
 /// Measures layers of one job's model on chips of that job. Device

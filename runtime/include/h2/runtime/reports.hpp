@@ -21,9 +21,12 @@ enum class recorded_op : std::uint8_t {
   backward,      ///< backward of a micro-batch
   optimizer,     ///< the AdamW update of the stage
   allreduce,     ///< summing gradients with the other replicas
+  backward_input,  ///< B of a split backward: the input gradients
+  backward_weight, ///< W of a split backward: the weight gradients
 };
 
-/// "recv_forward", "forward", ..., "optimizer", "allreduce".
+/// "recv_forward", "forward", ..., "optimizer", "allreduce",
+/// "backward_input", "backward_weight".
 std::string_view to_string(recorded_op op) noexcept;
 
 /// One timed op of a chip, for traces. Times are seconds in the run's clock

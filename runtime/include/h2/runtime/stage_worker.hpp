@@ -143,6 +143,33 @@ public:
 
 private:
   struct op_context;
+  /// Emulated seconds of one micro-batch's ops on this chip (< 0: a real
+  /// device, measured instead).
+  struct op_seconds {
+    double forward = 0;
+    double backward = 0; ///< fused, recomputation included
+    double input = 0;    ///< B, recomputation included
+    double weight = 0;   ///< W
+  };
+  op_seconds emulated_op_seconds() const;
+  /// Runs op `x` of the step's list.
+  void run_op(const scheduler::op& x, const step_command& cmd,
+              const op_seconds& seconds, op_context& ctx,
+              chip_step_report& r);
+  void forward_op(int mb, const step_command& cmd, const op_seconds& seconds,
+                  op_context& ctx, chip_step_report& r);
+  /// The fused backward, or B when `split`.
+  void backward_op(int mb, bool split, const step_command& cmd,
+                   const op_seconds& seconds, op_context& ctx,
+                   chip_step_report& r);
+  void weight_op(int mb, const step_command& cmd, const op_seconds& seconds,
+                 op_context& ctx, chip_step_report& r);
+  /// Runs `body` as compute op `name` of micro-batch `mb`, charged
+  /// `predicted` (nullopt: measured): watchdog, device clock and op record.
+  /// Returns the op's seconds on the chip's clock.
+  template <class F>
+  double timed_op(const char* name, recorded_op kind, int mb,
+                  std::optional<double> predicted, op_context& ctx, F&& body);
   /// Throws stalled_error once the watchdog gave up on this chip,
   /// cancelled_error once the job is cancelled.
   void check_cancelled() const;

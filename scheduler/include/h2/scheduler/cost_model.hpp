@@ -71,6 +71,9 @@ struct stage_layers {
 struct stage_cost {
   double forward_seconds = 0;   ///< one micro-batch
   double backward_seconds = 0;  ///< one micro-batch, recomputation included
+  /// B and W of a split backward (B with the recomputation).
+  double input_seconds = 0;
+  double weight_seconds = 0;
   double optimizer_seconds = 0; ///< the update of every layer of the stage
   double static_bytes = 0;
   /// Kept per micro-batch in flight (its input and, without recomputation,

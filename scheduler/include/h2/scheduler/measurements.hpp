@@ -19,7 +19,12 @@ namespace h2::scheduler {
 /// Seconds of one layer's forward and backward on one micro-batch.
 struct layer_timing {
   double forward_seconds = 0;
-  double backward_seconds = 0;
+  double backward_seconds = 0; ///< fused
+  /// B and W of a split backward (each its own op, so together they may
+  /// take longer than the fused backward). A source that leaves both 0
+  /// gets the backward split by weight_gradient_share().
+  double input_seconds = 0;
+  double weight_seconds = 0;
 };
 
 /// The source of the planner's timings. Implementations measure (on real or
@@ -81,9 +86,13 @@ std::string chip_kind_key(const chip_spec& chip);
 /// size) is asked once. Not thread-safe; `source` must outlive the cache.
 class measurement_cache {
 public:
-  explicit measurement_cache(chip_measurements& source) : source_(&source) {}
+  /// `source` and `model` (the job's) must outlive the cache.
+  measurement_cache(chip_measurements& source, const gpt_config& model)
+      : source_(&source), model_(&model) {}
 
-  /// Throws h2::error when the source returns a negative or non-finite time.
+  /// Throws h2::error when the source returns a negative or non-finite
+  /// time. A timing without B and W gets the backward split by
+  /// weight_gradient_share().
   layer_timing layer(const chip_spec& chip, layer_kind kind,
                      int micro_batch_size);
   double optimizer(const chip_spec& chip, layer_kind kind);
@@ -100,6 +109,7 @@ public:
 
 private:
   chip_measurements* source_;
+  const gpt_config* model_;
   std::map<std::tuple<std::string, layer_kind, int>, layer_timing> layers_;
   std::map<std::pair<std::string, layer_kind>, double> optimizers_;
   std::map<std::string, std::optional<double>> capacities_; ///< by device

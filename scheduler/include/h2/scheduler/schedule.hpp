@@ -1,85 +1,173 @@
-// Pipeline schedules (docs/architecture.md, "Schedule"): a pure function of (kind,
-// stages, micro-batches) that returns the ordered op list of every stage for
-// one step. The runtime and the simulator execute the same lists.
+// Pipeline schedules as data (docs/architecture.md, "Schedule"; docs/planner.md,
+// "Schedules"): for one step, the ordered op list of every chip of a pipeline.
+// The runtime, the simulator and the validator execute the same lists.
 //
-// Op semantics. A forward of micro-batch i on stage s is recv_forward(i)
-// (absent on the first stage), forward(i), send_forward(i) (absent on the last
-// stage, whose forward includes the loss). A backward is recv_backward(i)
-// (absent on the last stage), backward(i), send_backward(i) (absent on the
-// first stage). Sends are asynchronous and never block; a receive blocks until
-// the neighbour's matching send (same micro-batch) has happened.
+// Chunks. A pipeline is a sequence of chunks, each a contiguous range of
+// layers, in layer order; a chip holds one or more chunks (the layout says
+// which). A micro-batch's forward runs chunk 0, 1, ..., its backward the other
+// way round.
+//
+// Op semantics. forward(c, i) runs chunk c on micro-batch i (the last chunk's
+// forward includes the loss). backward(c, i) is the fused backward: input and
+// weight gradients. A schedule that splits the backward runs
+// backward_input(c, i) (B: the input gradients, which the previous chunk
+// waits for) and later backward_weight(c, i) (W: the weight gradients, which
+// nobody waits for). Communication is derived from the compute ops in one
+// place (make_schedule): where chunk c - 1 lives on another chip, forward(c, i)
+// is preceded by recv_forward(c, i) and chunk c - 1's forward is followed by
+// send_forward(c - 1, i); likewise recv_backward(c, i) precedes the backward
+// (or B) of chunk c when chunk c + 1 is elsewhere, and send_backward(c, i)
+// follows it when chunk c - 1 is elsewhere. Between chunks of one chip the
+// tensors stay on the chip: no send, no receive, the list's order is the
+// dependency. Sends never block; a receive blocks until the matching send.
 #pragma once
 
 #include "h2/core/job.hpp"
 
 #include <iosfwd>
+#include <string>
 #include <string_view>
 #include <vector>
 
 namespace h2::scheduler {
 
-/// What one op of a stage's list does.
+/// What one op of a chip's list does.
 enum class op_kind {
-  recv_forward,  ///< wait for micro-batch i's activations from stage s-1
-  forward,       ///< forward of micro-batch i (plus the loss on the last stage)
-  send_forward,  ///< hand micro-batch i's activations to stage s+1
-  recv_backward, ///< wait for micro-batch i's gradients from stage s+1
-  backward,      ///< backward of micro-batch i
-  send_backward, ///< hand micro-batch i's input gradients to stage s-1
+  recv_forward,    ///< wait for chunk c's input activations of micro-batch i
+  forward,         ///< forward of chunk c on micro-batch i
+  send_forward,    ///< hand chunk c's output activations to chunk c + 1
+  recv_backward,   ///< wait for chunk c's output gradients
+  backward,        ///< fused backward of chunk c: input and weight gradients
+  send_backward,   ///< hand chunk c's input gradients to chunk c - 1
+  backward_input,  ///< B: chunk c's input gradients only
+  backward_weight, ///< W: chunk c's weight gradients, after its B
 };
 
 /// "recv_forward", "forward", ... (the enumerator's name).
 std::string_view to_string(op_kind k) noexcept;
 
-/// One entry of a stage's op list.
+/// True for forward, backward, backward_input and backward_weight.
+bool is_compute(op_kind k) noexcept;
+
+/// One entry of a chip's op list.
 struct op {
   op_kind kind;
   int micro_batch; ///< 0-based index within the step
+  int chunk = 0;   ///< index of the chunk in pipeline order
 
   bool operator==(const op&) const = default;
 };
 
-/// Prints "forward(3)"; used in error messages and test failures.
+/// Prints "forward(3)" for chunk 0 and "forward(c2, 3)" otherwise; used in
+/// error messages and test failures.
 std::ostream& operator<<(std::ostream& out, const op& x);
 
-/// What every stage of one pipeline executes in one step.
+/// Which chip of a pipeline holds which chunk.
+struct pipeline_layout {
+  int chips = 0;
+  /// chunk_chip[c]: the chip (0-based pipeline position) holding chunk c;
+  /// chunks are in pipeline (layer) order.
+  std::vector<int> chunk_chip;
+
+  int chunks() const noexcept { return static_cast<int>(chunk_chip.size()); }
+  /// How many chunks `chip` holds.
+  int chunks_of(int chip) const noexcept;
+  /// True when chip i holds exactly chunk i.
+  bool one_chunk_per_chip() const noexcept;
+  bool operator==(const pipeline_layout&) const = default;
+
+  /// Chunk i on chip i.
+  static pipeline_layout one_per_chip(int chips);
+  /// Chip i holds counts[i] >= 1 chunks, dealt round by round: round r
+  /// gives one chunk to every chip with more than r chunks, in chip order
+  /// (Megatron's interleaved order when every count is the same v).
+  /// Throws h2::internal_error on an empty list or a count below 1.
+  static pipeline_layout dealt(const std::vector<int>& counts);
+};
+
+/// What every chip of one pipeline executes in one step.
 struct schedule {
-  /// The schedule the lists follow; decides the activation bound that
-  /// validate() checks (in_flight_bound()).
   schedule_kind kind = schedule_kind::one_f_one_b;
-  int stages = 0;
+  pipeline_layout layout;
   int micro_batches = 0;
-  /// ops[s] = what stage s executes, in order, for one step.
+  /// ops[k] = what chip k executes, in order, for one step.
   std::vector<std::vector<op>> ops;
   /// True for a forward-only step (validation loss): no backward ops at all.
   bool forward_only = false;
+
+  int chips() const noexcept { return layout.chips; }
+  int chunks() const noexcept { return layout.chunks(); }
 };
 
-/// The training step of `kind` on `stages` stages with `micro_batches`
-/// micro-batches.
-/// - gpipe: all forwards in micro-batch order, then all backwards in
-///   micro-batch order.
-/// - one_f_one_b (PipeDream-Flush / Megatron, non-interleaved): stage s runs
-///   min(stages - s - 1, micro_batches) warm-up forwards, then alternates one
+/// Relative compute times of each chunk, for schedules that place ops by
+/// the chips' speeds (zb-h1 places W into the waits that these times
+/// predict). Empty vectors: every forward, B and W takes the same time.
+struct schedule_times {
+  std::vector<double> forward;  ///< per chunk
+  std::vector<double> input;    ///< B per chunk
+  std::vector<double> weight;   ///< W per chunk
+};
+
+/// Why `kind` cannot run on `layout` with `micro_batches` micro-batches
+/// (one line, for a config_error), or "" when it can:
+/// - gpipe, 1f1b and zb-h1 need one chunk per chip;
+/// - interleaved-1f1b needs every chip to hold the same number v >= 2 of
+///   chunks, dealt round by round (pipeline_layout::dealt), and at least as
+///   many micro-batches as chips.
+std::string layout_problem(schedule_kind kind, const pipeline_layout& layout,
+                           int micro_batches);
+
+/// The training step of `kind` on `layout` with `micro_batches`
+/// micro-batches, communication derived from the compute ops:
+/// - gpipe: all forwards in micro-batch order, then all backwards.
+/// - one_f_one_b (PipeDream-Flush / Megatron, non-interleaved): chip s runs
+///   min(chips - s - 1, micro_batches) warm-up forwards, then alternates one
 ///   forward / one backward, then the remaining backwards (cool-down).
-/// Throws h2::internal_error unless stages >= 1 and micro_batches >= 1.
-schedule make_schedule(schedule_kind kind, int stages, int micro_batches);
+/// - interleaved_1f1b: Megatron-LM's interleaved 1F1B over v chunks per
+///   chip, micro-batches taken in groups of `chips` (the last group may be
+///   smaller: the flexible form), warm-up (chips - s - 1) x 2 + (v - 1) x
+///   chips forwards.
+/// - zb_h1: 1F1B's order of forwards and B, W split off and placed where
+///   the chip would otherwise wait (predicted with `times`), holding at most
+///   min(chips, micro_batches) micro-batches until their W.
+/// Throws h2::internal_error when layout_problem() is not empty or
+/// micro_batches < 1.
+schedule make_schedule(schedule_kind kind, const pipeline_layout& layout,
+                       int micro_batches, const schedule_times& times = {});
 
-/// A forward-only step (validation loss): every stage forwards every
-/// micro-batch in order. The result has kind gpipe and forward_only set.
-/// Throws h2::internal_error unless stages >= 1 and micro_batches >= 1.
-schedule make_forward_schedule(int stages, int micro_batches);
+/// make_schedule() on pipeline_layout::one_per_chip(chips).
+schedule make_schedule(schedule_kind kind, int chips, int micro_batches);
 
-/// The most activations (forwarded, not yet backwarded micro-batches) stage
-/// `stage` may hold at once under `kind`: gpipe micro_batches, one_f_one_b
-/// min(stages - stage, micro_batches). Throws h2::internal_error on
-/// arguments out of range.
-int in_flight_bound(schedule_kind kind, int stages, int stage,
+/// A forward-only step (validation loss): every chip forwards every
+/// micro-batch through its chunks in order. The result has kind gpipe and
+/// forward_only set. Throws h2::internal_error unless the layout has chips
+/// and micro_batches >= 1.
+schedule make_forward_schedule(const pipeline_layout& layout,
+                               int micro_batches);
+schedule make_forward_schedule(int chips, int micro_batches);
+
+/// The most chunk activations chip `chip` may hold at once under `kind`:
+/// a chunk's forward of a micro-batch holds its activations until its fused
+/// backward or, when the backward is split, its W (H2's W keeps the chunk's
+/// autograd graph). gpipe: micro_batches x chunks; one_f_one_b:
+/// min(chips - chip, micro_batches); interleaved_1f1b: its warm-up plus one,
+/// at most v x micro_batches; zb_h1: min(chips, micro_batches). Throws
+/// h2::internal_error on arguments out of range.
+int in_flight_bound(schedule_kind kind, const pipeline_layout& layout,
+                    int chip, int micro_batches);
+int in_flight_bound(schedule_kind kind, int chips, int chip,
                     int micro_batches);
 
-/// The idle share of a step, (p - 1) / (m + p - 1) for p stages and m
-/// micro-batches: the theory for both gpipe and one_f_one_b when every stage
-/// takes the same time. Throws h2::internal_error unless p, m >= 1.
-double bubble_fraction(int stages, int micro_batches);
+/// The idle share of a step when every chunk's forward, B and W take the
+/// same time on every chip and links are free (the textbook values):
+/// gpipe and one_f_one_b (p - 1) / (m + p - 1); interleaved_1f1b with v
+/// chunks per chip (p - 1) / (v m + p - 1) (m a multiple of p); zb_h1
+/// (p - 1) / (3 m + p - 1) (Qi et al., ICLR 2024, for m >= p). Throws
+/// h2::internal_error unless chips, micro_batches and chunks_per_chip >= 1.
+double theoretical_bubble(schedule_kind kind, int chips, int micro_batches,
+                          int chunks_per_chip = 1);
+
+/// True when `kind` splits the backward into B and W.
+bool splits_backward(schedule_kind kind) noexcept;
 
 } // namespace h2::scheduler

@@ -23,24 +23,30 @@
 
 namespace h2::scheduler {
 
-/// One stage as the simulator sees it: what each op costs and what the
-/// stage holds in memory.
+/// One chunk as the simulator sees it (with one chunk per chip, as the
+/// planner plans today: the chip's stage): what each op costs and what it
+/// holds in memory.
 struct simulated_stage {
   double forward_seconds = 0;   ///< one forward (one micro-batch)
-  double backward_seconds = 0;  ///< one backward, recomputation included
-  double optimizer_seconds = 0; ///< the stage's update, once per step
-  /// Link time of a micro-batch's activations from stage s - 1 to s, as s
-  /// times it (unused on the first stage).
+  double backward_seconds = 0;  ///< one fused backward, recomputation included
+  /// B and W when the schedule splits the backward (B with the
+  /// recomputation).
+  double input_seconds = 0;
+  double weight_seconds = 0;
+  double optimizer_seconds = 0; ///< the chunk's update, once per step
+  /// Link time of a micro-batch's activations from the previous chunk's
+  /// chip, as this chip times it (unused when that chunk is on this chip).
   double activation_link_seconds = 0;
-  /// Link time of a micro-batch's gradients from stage s + 1 to s, as s
-  /// times it (unused on the last stage).
+  /// Link time of a micro-batch's gradients from the next chunk's chip.
   double gradient_link_seconds = 0;
-  /// Memory: peak = static + max(held x in flight + working, optimizer
-  /// working); see stage_cost.
+  /// Memory: a chip's peak = the static bytes of its chunks + max(the held
+  /// bytes of the chunk activations it holds + the largest working bytes,
+  /// the largest optimizer working bytes); see stage_cost.
   double static_bytes = 0;
-  double held_bytes = 0;
+  double held_bytes = 0; ///< per chunk activation in flight
   double working_bytes = 0;
   double optimizer_working_bytes = 0;
+  /// The chip's capacity (the smallest over its chunks counts).
   double capacity_bytes = std::numeric_limits<double>::infinity();
 };
 
@@ -48,38 +54,51 @@ struct simulated_stage {
 struct simulated_pipeline {
   schedule_kind kind = schedule_kind::one_f_one_b;
   int micro_batches = 1;
+  /// The chunks, in pipeline order.
   std::vector<simulated_stage> stages;
+  /// Which chip holds which chunk; empty (no chips): one chunk per chip.
+  pipeline_layout layout;
 };
 
 /// A gradient all-reduce of one reduction group: layers held by the same
 /// chip in every replica, reduced over the ring of those chips.
 struct simulated_reduction {
-  /// (replica, stage) of every member, in ring order.
+  /// (replica, chip) of every member, in ring order.
   std::vector<std::pair<int, int>> members;
   /// Its duration once every member is ready.
   double seconds = 0;
 };
 
 /// What a stretch of a chip's timeline was (for traces and drawings).
-enum class interval_kind { forward, backward, wait, allreduce, optimizer };
+enum class interval_kind {
+  forward,
+  backward,        ///< fused backward
+  backward_input,  ///< B of a split backward
+  backward_weight, ///< W of a split backward
+  wait,
+  allreduce,
+  optimizer,
+};
 
-/// "forward", "backward", "wait", "allreduce", "optimizer".
+/// "forward", "backward", "backward_input", "backward_weight", "wait",
+/// "allreduce", "optimizer".
 std::string_view to_string(interval_kind k) noexcept;
 
-/// One stretch of one stage's timeline, seconds from the step's start.
+/// One stretch of one chip's timeline, seconds from the step's start.
 struct timeline_interval {
   int replica = 0;
-  int stage = 0;
+  int stage = 0; ///< the chip's position in the pipeline
   interval_kind kind = interval_kind::forward;
   int micro_batch = -1; ///< -1 for allreduce and optimizer
+  int chunk = -1;       ///< the compute op's chunk (-1: not a compute op)
   double start_seconds = 0;
   double end_seconds = 0;
 };
 
-/// What one stage did in the simulated step.
+/// What one chip did in the simulated step.
 struct stage_outcome {
   double forward_seconds = 0;  ///< busy in forwards (all micro-batches)
-  double backward_seconds = 0; ///< busy in backwards
+  double backward_seconds = 0; ///< busy in backwards (B and W included)
   /// The pipeline phase (to the last backward of any chip) minus this
   /// stage's forward and backward time, as the runtime reports idle time.
   double idle_seconds = 0;
@@ -91,7 +110,7 @@ struct stage_outcome {
   double allreduce_seconds = 0; ///< busy in all-reduces
   double optimizer_seconds = 0;
   double end_seconds = 0; ///< its update's end
-  int peak_in_flight = 0;
+  int peak_in_flight = 0; ///< chunk activations
   double peak_bytes = 0;
   bool fits = true; ///< peak_bytes <= capacity
 };
@@ -108,6 +127,7 @@ struct simulation {
   /// reports it: 1 - busy / (pipeline_seconds x chips).
   double bubble_fraction = 0;
   bool fits = true; ///< every stage within its capacity
+  /// [replica][chip].
   std::vector<std::vector<stage_outcome>> replicas;
   std::vector<timeline_interval> timeline; ///< filled when asked for
 };
@@ -126,10 +146,13 @@ simulation simulate(const std::vector<simulated_pipeline>& replicas,
 /// and its buffers between calls; not thread-safe.
 class phase_simulator {
 public:
-  /// `forward`, `backward`, `activation_link`, `gradient_link` each point to
-  /// `stages` values with the meaning of simulated_stage's fields.
+  /// One chunk per chip. `forward`, `backward`, `input`, `weight`,
+  /// `activation_link`, `gradient_link` each point to `stages` values with
+  /// the meaning of simulated_stage's fields (`input` and `weight` are read
+  /// only when `kind` splits the backward).
   double makespan(schedule_kind kind, int stages, int micro_batches,
                   const double* forward, const double* backward,
+                  const double* input, const double* weight,
                   const double* activation_link, const double* gradient_link);
 
   /// Every stage's clock at the end of its list in the last run.

@@ -1,30 +1,37 @@
 // Checks that a schedule can run: the structural rules of schedule.hpp, a
-// deadlock-free execution across stages, and the activation bound.
+// deadlock-free execution across chips, and the activation bound.
 #pragma once
 
 #include "h2/scheduler/schedule.hpp"
 
 namespace h2::scheduler {
 
-/// Throws h2::internal_error, naming the stage, op index and micro-batch,
-/// unless all of the following hold:
-/// - the schedule has `stages` op lists and every micro-batch index is in
-///   [0, micro_batches);
-/// - every stage forwards every micro-batch exactly once and, unless
-///   forward_only, backwards it exactly once, after its forward;
-/// - recv/send ops sit exactly where the op semantics require them: a recv
-///   right before its compute op, a send right after it, same micro-batch,
-///   none on the pipeline's ends;
+/// Throws h2::internal_error, naming the chip, op index, chunk and
+/// micro-batch, unless all of the following hold:
+/// - the layout is one the schedule's kind can use (layout_problem()), the
+///   schedule has one op list per chip, every op's chunk is held by the chip
+///   whose list it is in, and every micro-batch index is in range;
+/// - every chunk is forwarded exactly once per micro-batch and, unless
+///   forward_only, backwarded once after its forward: fused (backward), or
+///   split (backward_input, then backward_weight) where the kind splits the
+///   backward; never W before its B;
+/// - recv/send ops sit exactly where the derived communication puts them: a
+///   recv right before its compute op, a send right after it, only towards
+///   chunks on other chips;
+/// - a chunk whose neighbour is on the same chip comes after it in the list
+///   (forward after the previous chunk's forward, backward after the next
+///   chunk's);
 /// - executing all lists in order, where a recv completes only after the
-///   neighbour's matching send, finishes (no deadlock);
-/// - no stage ever holds more activations than in_flight_bound().
-/// Pure function; costs O(stages x ops per stage).
+///   matching send, finishes (no deadlock);
+/// - no chip ever holds more chunk activations than in_flight_bound().
+/// Pure function; costs O(chips x ops per chip).
 void validate(const schedule& s);
 
-/// The most activations (forwarded, not yet backwarded micro-batches) stage
-/// `stage` of `s` holds at once while executing its list. A forward-only
-/// schedule never backwards, so every forward counts. Throws
-/// h2::internal_error if `stage` is out of range.
-int peak_in_flight(const schedule& s, int stage);
+/// The most chunk activations (forwarded, not yet backwarded -- for a
+/// split backward: not yet through W) chip `chip` of `s` holds at once
+/// while executing its list. A forward-only schedule never backwards, so
+/// every forward counts. Throws h2::internal_error if `chip` is out of
+/// range.
+int peak_in_flight(const schedule& s, int chip);
 
 } // namespace h2::scheduler

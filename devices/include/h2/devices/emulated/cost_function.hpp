@@ -12,11 +12,19 @@
 namespace h2::devices {
 
 /// The pass of a layer-level op.
-enum class pass { forward, backward };
+enum class pass {
+  forward,
+  backward,        ///< fused: input and weight gradients
+  backward_input,  ///< B of a split backward: the input gradients
+  backward_weight, ///< W of a split backward: the weight gradients
+};
 
 /// time = overhead x overhead_scale
 ///        + max(flops / (peak(dtype) x efficiency(rows)),
 ///              bytes / memory bandwidth)
+/// B and W take their share of the backward's FLOPs and bytes
+/// (weight_gradient_share()) and each pays the per-op overhead: a split
+/// backward launches its kernels in two ops.
 /// efficiency(rows) = max_efficiency x rows / (rows + half_efficiency_rows),
 /// all multiplied by `time_scale`. `overhead_scale` scales the fixed costs
 /// (per-op overhead, link latency) alone: a small stand-in model would
