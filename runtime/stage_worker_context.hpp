@@ -3,6 +3,7 @@
 // loop).
 #pragma once
 
+#include "h2/model/split_backward.hpp"
 #include "h2/runtime/stage_worker.hpp"
 
 #include <map>
@@ -16,14 +17,15 @@ struct stage_worker::op_context {
   explicit op_context(int micro_batches)
       : input(micro_batches),
         output(micro_batches),
+        weight_work(micro_batches),
         grad(micro_batches),
         input_grad(micro_batches),
         batch(micro_batches) {}
 
   std::vector<at::Tensor> input;  ///< received activations (leaves)
-  /// Chunk outputs kept for the backward; with a split backward kept from
-  /// B (which rebuilds them when recomputing) until W.
-  std::vector<at::Tensor> output;
+  std::vector<at::Tensor> output; ///< chunk outputs kept for the backward
+  /// A split backward's W, from its B (which keeps the graph for it).
+  std::vector<model::deferred_weight_gradients> weight_work;
   std::vector<at::Tensor> grad;       ///< received output gradients
   std::vector<at::Tensor> input_grad; ///< gradients to send back
   std::vector<model::micro_batch> batch;

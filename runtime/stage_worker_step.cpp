@@ -103,25 +103,29 @@ void stage_worker::backward_op(int mb, bool split, const step_command& cmd,
         devices::compute_scope scope(*device_);
         ctx.output[i] = stage_->forward(ctx.input[i], ctx.batch[i]);
       }
-      const at::Tensor& out = ctx.output[i];
       const at::Tensor gradient =
         stage_->has_head() ? at::Tensor() : ctx.grad[i];
-      if (!split) {
-        out.backward(gradient);
-      } else if (!first) {
-        // B: the input gradients only; the graph stays for W. The first
-        // chunk has no input, so its B has nothing to do.
-        const std::vector<at::Tensor> inputs{ctx.input[i]};
-        out.backward(gradient, /*retain_graph=*/true, false, inputs);
+      if (split) {
+        // B: the input gradients; the weight gradients wait for W
+        // (model/split_backward.hpp).
+        std::vector<at::Tensor> parameters;
+        for (const auto& l : stage_->layers())
+          for (const auto& p : l->parameters())
+            parameters.push_back(p.value);
+        auto [input_grad, weight_work] =
+          model::deferred_weight_gradients::backward_input(
+            ctx.output[i], gradient, ctx.input[i], parameters);
+        ctx.input_grad[i] = input_grad;
+        ctx.weight_work[i] = std::move(weight_work);
+      } else {
+        ctx.output[i].backward(gradient);
+        if (!first)
+          ctx.input_grad[i] = ctx.input[i].grad();
       }
-      if (!first)
-        ctx.input_grad[i] = ctx.input[i].grad();
-      if (!split) {
-        ctx.output[i] = at::Tensor();
-        ctx.grad[i] = at::Tensor();
-        ctx.batch[i] = model::micro_batch();
-        ctx.input[i] = at::Tensor();
-      }
+      ctx.output[i] = at::Tensor();
+      ctx.grad[i] = at::Tensor();
+      ctx.batch[i] = model::micro_batch();
+      ctx.input[i] = at::Tensor();
     });
 }
 
@@ -133,21 +137,9 @@ void stage_worker::weight_op(int mb, const step_command& cmd,
     "backward_weight", recorded_op::backward_weight, mb,
     charged(seconds.weight, cmd.step, recorded_op::backward_weight, mb), ctx,
     [&] {
-      // W: the weight gradients, through the graph B kept; each parameter's
-      // gradient comes from the same kernels as in the fused backward, so
-      // it is bitwise the same.
-      const at::Tensor gradient =
-        stage_->has_head() ? at::Tensor() : ctx.grad[i];
-      std::vector<at::Tensor> parameters; // restore() may replace them
-      for (const auto& l : stage_->layers())
-        for (const auto& p : l->parameters())
-          parameters.push_back(p.value);
-      ctx.output[i].backward(gradient, /*retain_graph=*/false, false,
-                             parameters);
-      ctx.output[i] = at::Tensor();
-      ctx.grad[i] = at::Tensor();
-      ctx.batch[i] = model::micro_batch();
-      ctx.input[i] = at::Tensor();
+      // W: the weight gradients B left, from the gradients it captured;
+      // bitwise those of the fused backward.
+      ctx.weight_work[i].run();
     });
 }
 
