@@ -173,14 +173,51 @@ void compare(std::ostream& out, const job_config& job,
     out << "super-linear ratio: n/a (no sub-cluster fits the model)\n";
 }
 
+/// --compare: every schedule's own best plan.
+void print_schedules(std::ostream& out,
+                     const std::vector<scheduler::schedule_choice>& choices,
+                     const scheduler::plan_report& best) {
+  char line[256];
+  out << "schedules (predicted, each planned by HeteroAuto):\n";
+  std::snprintf(line, sizeof line, "  %-18s %12s %14s %8s %8s\n", "schedule",
+                "step", "tokens/s", "bubble", "vs plan");
+  out << line;
+  for (const auto& c : choices) {
+    const std::string name(to_string(c.schedule));
+    if (!c.result) {
+      out << "  " << name << ": nothing fits\n";
+      continue;
+    }
+    const auto& r = c.result->report;
+    std::snprintf(line, sizeof line, "  %-18s %12s %14s %7.1f%% %8s\n",
+                  name.c_str(), seconds_text(r.step_seconds).c_str(),
+                  fmt("%.0f", r.tokens_per_second).c_str(),
+                  100.0 * r.bubble_fraction,
+                  fmt("%.3f", r.tokens_per_second / best.tokens_per_second)
+                    .c_str());
+    out << line;
+  }
+}
+
+/// Schedule "auto" and no schedule fits: 1F1B's reasons, as a plan of a
+/// fixed schedule would give them.
+int failed_search(const std::vector<scheduler::schedule_choice>& choices) {
+  for (const auto& c : choices)
+    if (c.schedule == schedule_kind::one_f_one_b)
+      std::rethrow_exception(c.error);
+  std::rethrow_exception(choices.front().error);
+}
+
 int run(const options& opt) {
   job_config job = load_job_file(opt.job_path);
   scheduler::planner_options po;
-  if (!opt.schedule.empty()) {
+  if (opt.schedule == "auto") {
+    po.search_schedules = true;
+  } else if (!opt.schedule.empty()) {
     auto k = parse_schedule_kind(opt.schedule);
     if (!k)
       throw config_error("", "--schedule: expected one of " +
-                               schedule_kind_choices() + ", got \"" +
+                               schedule_kind_choices() + ", \"auto\", got \"" +
                                printable(opt.schedule) + "\"");
     if (auto why = schedule_unavailable(*k); !why.empty())
       throw config_error("", "--schedule: " + std::string(why));
@@ -192,9 +229,20 @@ int run(const options& opt) {
   po.rank_candidates = opt.candidates;
 
   runtime::profiled_measurements m(job);
-  scheduler::planner pl(job, m, po);
   auto t0 = std::chrono::steady_clock::now();
-  auto result = pl.run();
+  // Every schedule, planned alone: to choose one (schedule "auto") or to
+  // compare them (--compare).
+  const bool search = scheduler::searches_schedules(job, po);
+  std::vector<scheduler::schedule_choice> choices;
+  if (search || opt.compare)
+    choices = scheduler::plan_each_schedule(job, m, po);
+  if (search) {
+    if (!choices.front().result)
+      return failed_search(choices);
+    po.schedule = choices.front().schedule;
+  }
+  scheduler::planner pl(job, m, po);
+  auto result = search ? *choices.front().result : pl.run();
   double planning =
     std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
       .count();
@@ -244,8 +292,10 @@ int run(const options& opt) {
                 << (c.feasible ? "" : " does not fit") << "  " << c.shape
                 << "\n";
   }
-  if (opt.compare)
+  if (opt.compare) {
+    print_schedules(std::cout, choices, report);
     compare(std::cout, job, po, m, report);
+  }
   std::cout.flush();
   return apps::exit_ok;
 }
@@ -273,7 +323,8 @@ int main(int argc, char** argv) {
                "Also list every stage-1 layout with its own best step time "
                "(slower: each is solved to its optimum)");
   cli.add_option("--schedule", opt.schedule,
-                 "gpipe, 1f1b or zb-h1 (default: plan.schedule of the job)");
+                 "gpipe, 1f1b, zb-h1, or auto: plan each and keep the "
+                 "fastest (default: plan.schedule of the job)");
   cli
     .add_option("--micro-batch", opt.micro_batch,
                 "Allowed micro-batch sizes (default: every divisor)")

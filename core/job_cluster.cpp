@@ -235,11 +235,19 @@ void read_plan(table_reader& root, job_config& job) {
                           return plan_mode::automatic;
                         return std::nullopt;
                       });
-  p.schedule =
-    enum_value(*t, "schedule", p.schedule, schedule_kind_choices(),
-               [](const std::string& s) { return parse_schedule_kind(s); });
-  if (auto why = schedule_unavailable(p.schedule); !why.empty())
-    throw config_error(t->path("schedule"), std::string(why));
+  if (auto s = t->maybe<std::string>("schedule"); s && *s == "auto") {
+    if (p.mode != plan_mode::automatic)
+      throw config_error(t->path("schedule"),
+                         "\"auto\" lets the planner choose the schedule: it "
+                         "needs mode = \"auto\"");
+    p.search_schedule = true;
+  } else {
+    p.schedule =
+      enum_value(*t, "schedule", p.schedule, schedule_kind_choices() + ", \"auto\"",
+                 [](const std::string& s) { return parse_schedule_kind(s); });
+    if (auto why = schedule_unavailable(p.schedule); !why.empty())
+      throw config_error(t->path("schedule"), std::string(why));
+  }
   if (const toml::array* a = t->maybe_array("stages")) {
     if (a->empty())
       throw config_error(t->path("stages"), "expected at least one chip id");

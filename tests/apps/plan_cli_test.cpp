@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include <set>
+#include <sstream>
 
 namespace h2::test {
 namespace {
@@ -154,12 +155,34 @@ TEST(apps_plan_cli, compare_and_candidates) {
   auto r = run_plan(dir, {job.string(), "--compare", "--candidates"});
   ASSERT_EQ(r.status.code, 0) << r.err;
   for (const char* needle :
-       {"compare (predicted):", "auto (this plan)", "even (4 stages",
+       {"schedules (predicted, each planned by HeteroAuto):", "  gpipe ",
+        "  1f1b ", "  zb-h1 ", "compare (predicted):", "auto (this plan)",
+        "even (4 stages",
         "homogeneous h100-sxm/bf16 (1 chip", "homogeneous mi250x/bf16",
         "super-linear ratio:", "layouts (stage 1), fastest first:"})
     EXPECT_NE(r.out.find(needle), std::string::npos)
       << "missing '" << needle << "' in:\n"
       << r.out;
+}
+
+// --schedule auto plans every schedule and keeps the fastest: the first row
+// of --compare's table of schedules.
+TEST(apps_plan_cli, schedule_auto_keeps_the_fastest) {
+  scratch_dir dir;
+  auto job = dir.write("job.toml", small_job);
+  auto r = run_plan(dir, {job.string(), "--schedule", "auto", "--compare"});
+  ASSERT_EQ(r.status.code, 0) << r.err;
+  const auto table = r.out.find("schedules (predicted");
+  ASSERT_NE(table, std::string::npos) << r.out;
+  // The header row, then the fastest schedule's row.
+  auto row = r.out.find('\n', r.out.find('\n', table) + 1) + 1;
+  std::istringstream first(r.out.substr(row, r.out.find('\n', row) - row));
+  std::string fastest;
+  first >> fastest;
+  EXPECT_NE(r.out.find(", " + fastest + ", "), std::string::npos)
+    << "the plan's schedule is not " << fastest << ":\n"
+    << r.out;
+  EXPECT_NE(r.out.find(" 1.000\n", row), std::string::npos) << r.out;
 }
 
 struct bad_plan_case {
@@ -220,6 +243,13 @@ INSTANTIATE_TEST_SUITE_P(
         return job_with(d, "[plan]", "[plan]", {"--schedule", "zb"});
       },
       "--schedule"},
+    bad_plan_case{
+      "schedule_not_runnable",
+      [](const scratch_dir& d) {
+        return job_with(d, "[plan]", "[plan]",
+                        {"--schedule", "interleaved-1f1b"});
+      },
+      "--schedule: interleaved-1f1b needs several chunks per chip"},
     bad_plan_case{"unknown_flag",
                   [](const scratch_dir& d) {
                     return job_with(d, "[plan]", "[plan]", {"--frobnicate"});

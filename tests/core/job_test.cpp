@@ -233,6 +233,24 @@ chips = ["cpu", "emulated:h100-sxm", "emulated:v100-sxm2-32gb"]
   EXPECT_EQ(chips[2]->compute_dtype, dtype::fp32);
 }
 
+TEST(core_job, schedules_by_name_and_auto) {
+  for (auto kind : {schedule_kind::gpipe, schedule_kind::one_f_one_b,
+                    schedule_kind::zb_h1}) {
+    auto job = parse_job(
+      edit(base_job, {{"mode = \"even\"", "mode = \"even\"\nschedule = \"" +
+                                              std::string(to_string(kind)) +
+                                              "\""}}),
+      "t");
+    EXPECT_EQ(job.plan.schedule, kind);
+    EXPECT_FALSE(job.plan.search_schedule);
+  }
+  auto job = parse_job(
+    edit(base_job,
+         {{"mode = \"even\"", "mode = \"auto\"\nschedule = \"auto\""}}),
+    "t");
+  EXPECT_TRUE(job.plan.search_schedule);
+}
+
 TEST(core_job, transport_section) {
   job_config job = parse_job(base_job + "\n[transport]\nshm_ring_mb = 0.5\n"
                                         "shm_heap_mb = 0\ncrc = true\n",
@@ -582,6 +600,12 @@ const bad_job bad_jobs[] = {
    "",
    "plan.schedule",
    {"\"gpipe\", \"1f1b\", \"interleaved-1f1b\", \"zb-h1\"", "\"zb\""}},
+  {"schedule_auto_needs_auto_mode",
+   {{"mode = \"even\"", "mode = \"even\"\nschedule = \"auto\""}},
+   "",
+   "plan.schedule",
+   {"\"auto\" lets the planner choose the schedule: it needs mode = "
+    "\"auto\""}},
   {"schedule_not_runnable_yet",
    {{"mode = \"even\"", "schedule = \"interleaved-1f1b\""}},
    "",

@@ -150,6 +150,9 @@ std::string_view to_string(plan_mode m) noexcept;
 struct plan_config {
   plan_mode mode = plan_mode::even;
   schedule_kind schedule = schedule_kind::one_f_one_b;
+  /// schedule = "auto" (mode auto only): the planner plans every schedule
+  /// this version runs and keeps the fastest (`schedule` is then unused).
+  bool search_schedule = false;
   /// The chip of each stage, in pipeline order (default: every chip, in
   /// chip-id order). With mode automatic: the chips the planner may use.
   std::vector<chip_id> stages;

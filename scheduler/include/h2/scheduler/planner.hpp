@@ -25,6 +25,7 @@
 #include "h2/scheduler/simulator.hpp"
 
 #include <cstddef>
+#include <exception>
 #include <limits>
 #include <memory>
 #include <optional>
@@ -35,8 +36,11 @@ namespace h2::scheduler {
 
 /// What the planner may choose, and how hard it searches.
 struct planner_options {
-  /// The schedule; default: the job's plan.schedule.
+  /// The schedule; default: the job's plan.schedule. plan_auto() plans
+  /// every schedule and keeps the fastest when this is unset and the job
+  /// says schedule = "auto", or when `search_schedules` is set.
   std::optional<schedule_kind> schedule;
+  bool search_schedules = false;
   /// Allowed micro-batch sizes (sequences); empty: every divisor of a
   /// replica's sequences.
   std::vector<int> micro_batch_sizes;
@@ -264,8 +268,27 @@ std::string seconds_text(double seconds);
 /// reports and h2-plan print memory.
 std::string bytes_text(double bytes);
 
-/// plan.mode = "auto": HeteroAuto's plan for `job` with its report. Throws
-/// infeasible_error (a config_error) when no plan fits.
+/// One schedule planned alone (plan_each_schedule()).
+struct schedule_choice {
+  schedule_kind schedule = schedule_kind::one_f_one_b;
+  std::optional<planned> result; ///< empty: nothing fits
+  std::exception_ptr error;      ///< the infeasible_error when empty
+};
+
+/// HeteroAuto once per schedule this version runs (schedule_unavailable()
+/// empty), with `options` otherwise: feasible ones first, fastest predicted
+/// step first.
+std::vector<schedule_choice>
+plan_each_schedule(const job_config& job, chip_measurements& measurements,
+                   const planner_options& options = {});
+
+/// True when `options` and `job` ask the planner to choose the schedule.
+bool searches_schedules(const job_config& job,
+                        const planner_options& options) noexcept;
+
+/// plan.mode = "auto": HeteroAuto's plan for `job` with its report (over
+/// every schedule when searches_schedules()). Throws infeasible_error (a
+/// config_error) when no plan fits (1F1B's, when searching).
 planned plan_auto(const job_config& job, chip_measurements& measurements,
                   const planner_options& options = {});
 
