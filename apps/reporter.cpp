@@ -262,6 +262,11 @@ void reporter::on_step(const runtime::step_summary& s) {
                             {"backward_seconds", c.backward_seconds},
                             {"optimizer_seconds", c.optimizer_seconds},
                             {"idle_seconds", c.idle_seconds},
+                            // The chip's share of the bubble.
+                            {"bubble_fraction",
+                             s.pipeline_seconds > 0
+                               ? c.idle_seconds / s.pipeline_seconds
+                               : 0.0},
                             {"memory_used_bytes", c.memory.used},
                             {"memory_peak_bytes", c.memory.peak},
                             {"memory_capacity_bytes", c.memory.capacity},

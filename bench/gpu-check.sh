@@ -12,7 +12,9 @@
 #      libtorch loop on the same device, tokens/s ratio;
 #   4. the demo model on cuda:0 (bf16) with two emulated chips for 50 steps,
 #      and the same job with `cpu` (bf16) in cuda:0's place: every step's
-#      loss within 2% (the bf16 bound of actors_exactness_bf16);
+#      loss within 2% (the bf16 bound of actors_exactness_bf16); then the
+#      cuda:0 job under zb-h1 (B and W split on the GPU): within 2% of the
+#      cpu run too, and its difference from cuda:0's 1f1b run printed;
 #   5. two h2-node processes, one cuda:0 chip each, over shm: activations
 #      and gradients by CUDA IPC, then the same job with transport.cuda_ipc
 #      = false (staged through pinned host memory): the IPC run passed its
@@ -114,7 +116,7 @@ say "3. cuda:0 vs a bare libtorch loop"
 "$build/bench/bench_single_chip" --chip cuda:0 || fail "bench_single_chip"
 
 say "4. cuda:0 (bf16) with emulated chips, against cpu (bf16) in its place"
-job() { # $1: the first chip's device
+job() { # $1: the first chip's device, $2: the schedule
   sed -n '/^\[job\]/,/^\[emulation\]/p' "$root/examples/demo.toml" |
     sed '/^\[emulation\]/d; s/^steps = .*/steps = 50/; s/^eval_every = .*/eval_every = 0/'
   cat <<TOML
@@ -126,12 +128,13 @@ overhead_scale = 0.01
 chips = [{device = "$1", dtype = "bf16"}, "emulated:h100-sxm", "emulated:mi250x"]
 [plan]
 mode = "even"
-schedule = "1f1b"
+schedule = "$2"
 TOML
 }
-job cuda:0 >"$work/gpu.toml"
-job cpu >"$work/cpu.toml"
-for run in gpu cpu; do
+job cuda:0 1f1b >"$work/gpu.toml"
+job cpu 1f1b >"$work/cpu.toml"
+job cuda:0 zb-h1 >"$work/gpu-zb.toml"
+for run in gpu cpu gpu-zb; do
   "$build/apps/h2-launch" "$work/$run.toml" -q --no-metrics \
     --json-log "$work/$run.jsonl" || fail "the mixed job on $run"
 done
@@ -148,6 +151,21 @@ print(f"mixed job: loss {gpu[0]['loss']:.4f} -> {gpu[-1]['loss']:.4f} on cuda:0,
       f"(bound 2%); {tps:.0f} tokens/s")
 sys.exit(0 if worst <= 0.02 else 1)
 PY
+python3 - "$work/gpu-zb.jsonl" "$work/gpu.jsonl" "$work/cpu.jsonl" <<'PY' ||
+import json, sys
+def steps(path):
+    return [e for e in map(json.loads, open(path)) if e.get("event") == "step"]
+zb, gpu, cpu = (steps(p) for p in sys.argv[1:4])
+assert len(zb) == len(cpu) == 50, (len(zb), len(cpu))
+worst = max(abs(z["loss"] - c["loss"]) / c["loss"] for z, c in zip(zb, cpu))
+vs_1f1b = max(abs(z["loss"] - g["loss"]) / g["loss"] for z, g in zip(zb, gpu))
+print(f"zb-h1 on cuda:0: loss {zb[-1]['loss']:.4f}; worst step difference "
+      f"{100 * worst:.2f}% from cpu (bound 2%), {100 * vs_1f1b:.4f}% from "
+      f"cuda:0 under 1f1b; bubble {zb[-1]['bubble_fraction']:.3f} vs "
+      f"{gpu[-1]['bubble_fraction']:.3f}")
+sys.exit(0 if worst <= 0.02 else 1)
+PY
+  fail "zb-h1 losses on cuda:0"
 say "5. two processes on cuda:0 over shm: CUDA IPC against staging"
 two_nodes() { # $1: transport.cuda_ipc
   sed -n '/^\[job\]/,/^\[emulation\]/p' "$root/examples/demo.toml" |

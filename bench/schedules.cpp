@@ -10,6 +10,9 @@
 //    chunk per chip, so the runtime cannot run it yet.
 // 3. examples/cluster-1024.toml: each schedule's predicted step and
 //    planning time.
+// With --svg DIR it also draws the textbook timelines of docs/planner.md
+// ("Schedules"): four identical chips, 8 micro-batches, F = 1, B = W = 1
+// (fused backward 2), free links.
 #include "bench_common.hpp"
 
 #include "h2/actors/local_job.hpp"
@@ -20,9 +23,11 @@
 #include "h2/scheduler/planner.hpp"
 #include "h2/scheduler/schedule.hpp"
 #include "h2/scheduler/simulator.hpp"
+#include "h2/scheduler/timeline_svg.hpp"
 
 #include <chrono>
 #include <cstdio>
+#include <fstream>
 #include <memory>
 #include <sstream>
 
@@ -226,9 +231,44 @@ void cluster_1024(std::vector<bench::record>& records) {
   }
 }
 
+/// The textbook timelines, one SVG per schedule, into `dir`.
+void draw_timelines(const std::string& dir) {
+  const int p = 4, m = 8;
+  for (auto kind : all_schedule_kinds) {
+    const int v = kind == schedule_kind::interleaved_1f1b ? 2 : 1;
+    scheduler::simulated_pipeline pipe;
+    pipe.kind = kind;
+    pipe.micro_batches = m;
+    pipe.layout = scheduler::pipeline_layout::dealt(std::vector<int>(p, v));
+    for (int c = 0; c < p * v; ++c) {
+      scheduler::simulated_stage s;
+      s.forward_seconds = 1.0 / v;
+      s.backward_seconds = 2.0 / v;
+      s.input_seconds = s.weight_seconds = 1.0 / v;
+      pipe.stages.push_back(s);
+    }
+    auto sim = scheduler::simulate({pipe}, {}, true);
+    std::vector<std::vector<std::string>> labels(1);
+    for (int k = 0; k < p; ++k)
+      labels[0].push_back("chip " + std::to_string(k));
+    char title[160];
+    std::snprintf(title, sizeof title,
+                  "%s: 4 chips, 8 micro-batches%s, bubble %.1f%%",
+                  std::string(to_string(kind)).c_str(),
+                  v > 1 ? ", 2 chunks per chip" : "",
+                  100 * sim.bubble_fraction);
+    std::ofstream(dir + "/schedule-" + std::string(to_string(kind)) + ".svg")
+      << scheduler::render_svg(sim, labels, title);
+  }
+}
+
 } // namespace
 
 int main(int argc, char** argv) {
+  if (auto dir = bench::flag_value(argc, argv, "--svg"); !dir.empty()) {
+    draw_timelines(dir);
+    return 0;
+  }
   std::vector<bench::record> records;
   cluster_1024(records);
   identical_chips(records);

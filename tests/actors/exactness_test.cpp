@@ -143,6 +143,18 @@ TEST(actors_exactness_bf16, bf16_chips_stay_within_the_stated_bound) {
         std::max(max_diff, static_cast<double>(std::abs(
                              params[i].values[j] - ref.params[i].values[j])));
   EXPECT_LE(max_diff, 2 * job.train.lr * job.train.steps);
+
+  // zb-h1 on the same chips: B and W run the same bf16 kernels on the same
+  // saved tensors as the fused backward, so it stays within the bound by
+  // being bitwise the 1f1b run.
+  auto zb = parse_job(exact_job("bf16", 4, "[2, 1, 1, 2]", "zb-h1"), "zb.toml");
+  recording_observer zb_obs;
+  std::vector<runtime::parameter_values> zb_params;
+  run_job(zb, zb_obs, &zb_params);
+  EXPECT_EQ(zb_obs.losses(), losses);
+  ASSERT_EQ(zb_params.size(), params.size());
+  for (std::size_t i = 0; i < params.size(); ++i)
+    EXPECT_EQ(zb_params[i].values, params[i].values) << params[i].name;
 }
 
 /// The demo job (examples/demo.toml) on the virtual clock for 50 steps,

@@ -77,14 +77,16 @@ void check_step_event(const json& j, int step,
     EXPECT_EQ(c.value("stage", -1), stage_of.at(id)) << id;
     for (const char* key :
          {"forward_seconds", "backward_seconds", "optimizer_seconds",
-          "idle_seconds", "memory_used_bytes", "memory_peak_bytes",
-          "memory_capacity_bytes", "overruns"})
+          "idle_seconds", "bubble_fraction", "memory_used_bytes",
+          "memory_peak_bytes", "memory_capacity_bytes", "overruns"})
       ASSERT_TRUE(c.contains(key) && finite_number(c[key]))
         << id << ": " << key;
     EXPECT_GT(c["forward_seconds"].get<double>(), 0) << id;
     EXPECT_GT(c["backward_seconds"].get<double>(), 0) << id;
     EXPECT_GT(c["optimizer_seconds"].get<double>(), 0) << id;
     EXPECT_GE(c["idle_seconds"].get<double>(), 0) << id;
+    EXPECT_GE(c["bubble_fraction"].get<double>(), 0) << id;
+    EXPECT_LT(c["bubble_fraction"].get<double>(), 1) << id;
     EXPECT_GT(c["memory_used_bytes"].get<double>(), 0) << id;
     EXPECT_LE(c["memory_used_bytes"].get<double>(),
               c["memory_peak_bytes"].get<double>())

@@ -1,11 +1,12 @@
 // The schedule simulator (docs/planner.md, "Simulator"): discrete-event
 // execution of the op lists of make_schedule() -- the lists the runtime runs
 // -- with per-op costs and link transfers, reproducing the runtime's virtual
-// clock:
-// - a compute op advances its stage's clock by its time;
+// clock, chunk by chunk on the chips that hold them:
+// - a compute op (forward, backward, B, W) advances its chip's clock by its
+//   chunk's time;
 // - a send is instantaneous and stamps the sender's clock;
 // - a receive completes at max(receiver clock, send clock + link time);
-// - after its last backward a chip all-reduces its gradients with the chips
+// - after its list a chip all-reduces its gradients with the chips
 //   of the other replicas holding the same layers (R > 1): one reduction
 //   group after the other in layer order, each starting when all its
 //   members are ready (a ring synchronises them) and lasting what the cost
