@@ -26,6 +26,8 @@ std::string_view to_string(schedule_kind k) noexcept {
       return "interleaved-1f1b";
     case schedule_kind::zb_h1:
       return "zb-h1";
+    case schedule_kind::zb_hetero:
+      return "zb-hetero";
   }
   return "unknown";
 }
@@ -42,6 +44,7 @@ std::string_view schedule_unavailable(schedule_kind k) noexcept {
     case schedule_kind::gpipe:
     case schedule_kind::one_f_one_b:
     case schedule_kind::zb_h1:
+    case schedule_kind::zb_hetero:
       return "";
     case schedule_kind::interleaved_1f1b:
       return "interleaved-1f1b needs several chunks per chip, and this "

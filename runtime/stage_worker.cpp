@@ -2,6 +2,7 @@
 
 #include "stage_worker_context.hpp"
 
+#include "h2/devices/emulated/cost_function.hpp"
 #include "h2/model/optim.hpp"
 #include "h2/runtime/links.hpp"
 #include "h2/transport/collectives.hpp"
@@ -36,8 +37,9 @@ stage_worker::stage_worker(worker_setup setup) : setup_(std::move(setup)) {
                                           job.seed, device_->torch_device());
   if (stage_->has_embedding() || stage_->has_head())
     data_ = model::make_data_source(job);
-  schedule_ = scheduler::make_schedule(setup_.schedule, setup_.stages,
-                                       setup_.micro_batches);
+  schedule_ = scheduler::make_schedule(
+    setup_.schedule, scheduler::pipeline_layout::one_per_chip(setup_.stages),
+    setup_.micro_batches, setup_.times);
   for (int l = a.first_layer; l < a.end_layer; ++l)
     work_.push_back(compute_layer_work(job.model, l, setup_.micro_batch_size,
                                        device_->compute_dtype()));
@@ -69,6 +71,30 @@ stage_worker::~stage_worker() {
   close_channels();
 }
 
+scheduler::schedule_times schedule_times_of(const job_config& job,
+                                            const replica_plan& r) {
+  scheduler::schedule_times out;
+  for (const auto& st : r.stages) {
+    const chip_spec* chip = job.find_chip(st.chip);
+    H2_ENFORCE(chip != nullptr, "no chip ", st.chip.to_string());
+    const devices::emulated_cost_function cost(
+      chip->profile, chip->compute_dtype, job.emulation.time_scale,
+      job.emulation.overhead_scale);
+    double forward = 0, input = 0, weight = 0;
+    for (int l = st.first_layer; l < st.end_layer; ++l) {
+      const auto w = compute_layer_work(job.model, l, r.micro_batch_size,
+                                        chip->compute_dtype);
+      forward += cost.layer_seconds(w, devices::pass::forward);
+      input += cost.layer_seconds(w, devices::pass::backward_input);
+      weight += cost.layer_seconds(w, devices::pass::backward_weight);
+    }
+    out.forward.push_back(forward);
+    out.input.push_back(st.recompute ? input + forward : input);
+    out.weight.push_back(weight);
+  }
+  return out;
+}
+
 std::vector<worker_setup>
 make_worker_setups(const std::shared_ptr<const job_config>& job,
                    const plan& p,
@@ -81,6 +107,7 @@ make_worker_setups(const std::shared_ptr<const job_config>& job,
   for (std::size_t ri = 0; ri < p.replicas.size(); ++ri) {
     const auto& r = p.replicas[ri];
     const int stages = static_cast<int>(r.stages.size());
+    const auto times = schedule_times_of(*job, r);
     for (int s = 0; s < stages; ++s) {
       const auto& sp = r.stages[static_cast<std::size_t>(s)];
       worker_setup w;
@@ -95,6 +122,7 @@ make_worker_setups(const std::shared_ptr<const job_config>& job,
       w.micro_batches = r.micro_batches;
       w.first_sequence = first_sequence;
       w.schedule = p.schedule;
+      w.times = times;
       w.limits = limits;
       w.origin = origin;
       w.cancel = cancel;

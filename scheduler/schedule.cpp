@@ -132,7 +132,8 @@ lists interleaved_lists(const pipeline_layout& layout, int m) {
 /// chip would wait for a neighbour, as far as they fit the wait, else
 /// before a forward that would hold more than min(chips, m) micro-batches,
 /// else at the end. Where the waits fall is predicted by running the lists
-/// with `times` (equal times when empty).
+/// with `times` (equal times when empty: the paper's ZB-H1; each chip's own
+/// times: zb-hetero, whose W fill the waits a slower neighbour causes).
 lists zb_h1_lists(const pipeline_layout& layout, int m,
                   const schedule_times& times) {
   const int p = layout.chips;
@@ -183,9 +184,12 @@ lists zb_h1_lists(const pipeline_layout& layout, int m,
           ready = input_done[static_cast<std::size_t>((s + 1) * m + x.micro_batch)];
         if (ready < 0)
           break; // the neighbour has not got there yet
+        // A W that fits the wait; a relative hair of slack so that times
+        // summed in another order (the runtime's, the planner's) place W
+        // alike.
         while (c.pending_first < c.pending.size() &&
-               c.clock + time_of(times.weight, s) <= ready)
-          run_w(s, c); // a W that fits the wait
+               c.clock + time_of(times.weight, s) <= ready * (1 + 1e-12))
+          run_w(s, c);
         c.clock = std::max(c.clock, ready);
         out[static_cast<std::size_t>(s)].push_back(x);
         const auto at = static_cast<std::size_t>(s * m + x.micro_batch);
@@ -212,6 +216,75 @@ lists zb_h1_lists(const pipeline_layout& layout, int m,
   return out;
 }
 
+/// 1F1B's order with every W right after its B: the eager placement.
+lists eager_w_lists(const pipeline_layout& layout, int m) {
+  lists out;
+  for (int s = 0; s < layout.chips; ++s) {
+    auto& list = out.emplace_back();
+    for (const op& x :
+         one_f_one_b_order(s, layout.chips, m, op_kind::backward_input)) {
+      list.push_back(x);
+      if (x.kind == op_kind::backward_input)
+        list.push_back({op_kind::backward_weight, x.micro_batch, s});
+    }
+  }
+  return out;
+}
+
+/// The step of compute-only lists of one chunk per chip under `times`, links
+/// free: a forward waits for the previous chip's, a B for the next chip's.
+double predicted_step(const lists& compute, int m, const schedule_times& t) {
+  const auto p = compute.size();
+  std::vector<double> clock(p, 0), forwarded(p * static_cast<std::size_t>(m), -1),
+    input_done(forwarded.size(), -1);
+  std::vector<std::size_t> next(p, 0);
+  for (bool moved = true; moved;) {
+    moved = false;
+    for (std::size_t s = 0; s < p; ++s)
+      for (; next[s] < compute[s].size(); ++next[s], moved = true) {
+        const op& x = compute[s][next[s]];
+        const auto mb = static_cast<std::size_t>(x.micro_batch);
+        const auto at = s * static_cast<std::size_t>(m) + mb;
+        if (x.kind == op_kind::forward) {
+          const double ready = s > 0 ? forwarded[at - static_cast<std::size_t>(m)] : 0;
+          if (ready < 0)
+            break;
+          clock[s] = std::max(clock[s], ready) + t.forward[s];
+          forwarded[at] = clock[s];
+        } else if (x.kind == op_kind::backward_input) {
+          const double ready =
+            s + 1 < p ? input_done[at + static_cast<std::size_t>(m)] : 0;
+          if (ready < 0)
+            break;
+          clock[s] = std::max(clock[s], ready) + t.input[s];
+          input_done[at] = clock[s];
+        } else {
+          clock[s] += t.weight[s];
+        }
+      }
+  }
+  return *std::max_element(clock.begin(), clock.end());
+}
+
+/// zb-hetero: of the W placements this file knows (ZB-H1's, placed with
+/// equal times; placed with `times`; every W right after its B), the one
+/// whose step under `times` is shortest. Ties keep the earlier.
+lists zb_hetero_lists(const pipeline_layout& layout, int m,
+                      const schedule_times& times) {
+  if (times.forward.empty())
+    return zb_h1_lists(layout, m, {});
+  lists best = zb_h1_lists(layout, m, {});
+  double best_step = predicted_step(best, m, times);
+  for (auto candidate : {zb_h1_lists(layout, m, times), eager_w_lists(layout, m)}) {
+    const double step = predicted_step(candidate, m, times);
+    if (step < best_step * (1 - 1e-12)) {
+      best_step = step;
+      best = std::move(candidate);
+    }
+  }
+  return best;
+}
+
 lists compute_lists(schedule_kind kind, const pipeline_layout& layout, int m,
                     const schedule_times& times) {
   switch (kind) {
@@ -222,7 +295,9 @@ lists compute_lists(schedule_kind kind, const pipeline_layout& layout, int m,
     case schedule_kind::interleaved_1f1b:
       return interleaved_lists(layout, m);
     case schedule_kind::zb_h1:
-      return zb_h1_lists(layout, m, times);
+      return zb_h1_lists(layout, m, {}); // the paper's: equal times
+    case schedule_kind::zb_hetero:
+      return zb_hetero_lists(layout, m, times);
   }
   // No default above, so -Wswitch names a new enumerator left unhandled.
   H2_ENFORCE(false, "unknown schedule_kind ", static_cast<int>(kind));
@@ -371,6 +446,7 @@ std::string layout_problem(schedule_kind kind, const pipeline_layout& layout,
     case schedule_kind::gpipe:
     case schedule_kind::one_f_one_b:
     case schedule_kind::zb_h1:
+    case schedule_kind::zb_hetero:
       if (!layout.one_chunk_per_chip())
         return detail::concat(to_string(kind),
                               " runs one chunk per chip; use "
@@ -450,6 +526,7 @@ int in_flight_bound(schedule_kind kind, const pipeline_layout& layout,
                       v * micro_batches);
     }
     case schedule_kind::zb_h1:
+    case schedule_kind::zb_hetero:
       return std::min(p, micro_batches);
   }
   H2_ENFORCE(false, "unknown schedule_kind ", static_cast<int>(kind));
@@ -476,6 +553,7 @@ double theoretical_bubble(schedule_kind kind, int chips, int micro_batches,
     case schedule_kind::interleaved_1f1b:
       return (p - 1) / (v * m + p - 1);
     case schedule_kind::zb_h1:
+    case schedule_kind::zb_hetero: // equal times: zb-h1's lists
       return (p - 1) / (3 * m + p - 1);
   }
   H2_ENFORCE(false, "unknown schedule_kind ", static_cast<int>(kind));
@@ -489,6 +567,7 @@ bool splits_backward(schedule_kind kind) noexcept {
     case schedule_kind::interleaved_1f1b:
       return false;
     case schedule_kind::zb_h1:
+    case schedule_kind::zb_hetero:
       return true;
   }
   return false;

@@ -198,9 +198,18 @@ double phase_simulator::makespan(schedule_kind kind, int stages,
                                  const double* weight,
                                  const double* activation_link,
                                  const double* gradient_link) {
-  if (!have_schedule_ || schedule_.kind != kind ||
-      schedule_.chips() != stages ||
-      schedule_.micro_batches != micro_batches) {
+  if (kind == schedule_kind::zb_hetero) {
+    // Its lists depend on the times: made anew for every evaluation.
+    const auto n = static_cast<std::size_t>(stages);
+    times_.forward.assign(forward, forward + n);
+    times_.input.assign(input, input + n);
+    times_.weight.assign(weight, weight + n);
+    schedule_ = make_schedule(kind, pipeline_layout::one_per_chip(stages),
+                              micro_batches, times_);
+    have_schedule_ = false;
+  } else if (!have_schedule_ || schedule_.kind != kind ||
+             schedule_.chips() != stages ||
+             schedule_.micro_batches != micro_batches) {
     schedule_ = make_schedule(kind, stages, micro_batches);
     have_schedule_ = true;
   }
@@ -226,7 +235,6 @@ void simulate_pipeline(const simulated_pipeline& pipe, int replica,
   H2_ENFORCE(layout.chunk_chip.size() == pipe.stages.size(), "replica ",
              replica, ": a layout of ", layout.chunks(), " chunks for ",
              pipe.stages.size(), " stages");
-  const schedule sc = make_schedule(pipe.kind, layout, pipe.micro_batches);
   std::vector<double> fwd, bwd, input, weight, alink, glink;
   for (const auto& s : pipe.stages) {
     fwd.push_back(s.forward_seconds);
@@ -236,6 +244,8 @@ void simulate_pipeline(const simulated_pipeline& pipe, int replica,
     alink.push_back(s.activation_link_seconds);
     glink.push_back(s.gradient_link_seconds);
   }
+  const schedule sc = make_schedule(pipe.kind, layout, pipe.micro_batches,
+                                    schedule_times{fwd, input, weight});
   const int p = layout.chips;
   auto& outcomes = out.replicas.emplace_back(static_cast<std::size_t>(p));
   std::vector<double> clock, sent_f, sent_b;

@@ -136,6 +136,7 @@ double path_bounds::lower_bound(int s, int next_first) const {
       return fused_bound(s, next_first, false);
     case schedule_kind::interleaved_1f1b:
     case schedule_kind::zb_h1:
+    case schedule_kind::zb_hetero:
       return own_work_bound(s, next_first);
   }
   return 0; // unreachable: every kind is handled above
@@ -273,6 +274,7 @@ double joint_option_bound(schedule_kind schedule, const inbound_link& inbound,
       break;
     case schedule_kind::interleaved_1f1b:
     case schedule_kind::zb_h1:
+    case schedule_kind::zb_hetero:
       break;
   }
   // A bound, so round it down a hair against floating-point noise.

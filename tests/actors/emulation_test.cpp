@@ -164,7 +164,7 @@ INSTANTIATE_TEST_SUITE_P(
                     theory_case{4, 1, "1f1b"}, theory_case{2, 4, "gpipe"},
                     theory_case{4, 8, "gpipe"}, theory_case{3, 5, "gpipe"},
                     theory_case{2, 4, "zb-h1"}, theory_case{3, 5, "zb-h1"},
-                    theory_case{4, 8, "zb-h1"}),
+                    theory_case{4, 8, "zb-h1"}, theory_case{4, 8, "zb-hetero"}),
   theory_name);
 
 TEST(actors_emulation, stage_past_its_memory_cap_fails_naming_the_chip) {

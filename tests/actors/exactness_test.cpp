@@ -108,7 +108,8 @@ INSTANTIATE_TEST_SUITE_P(
                     exact_case{2, "[4, 2]", "zb-h1", ""},
                     exact_case{3, "[1, 3, 2]", "zb-h1", ""},
                     exact_case{4, "[2, 1, 1, 2]", "zb-h1", ""},
-                    exact_case{3, "[2, 1, 3]", "zb-h1", "[true, false, true]"}),
+                    exact_case{3, "[2, 1, 3]", "zb-h1", "[true, false, true]"},
+                    exact_case{4, "[2, 1, 1, 2]", "zb-hetero", ""}),
   case_name);
 
 // bf16 chips (stages 1 and 3 of 4) against the fp32 single-chip reference.

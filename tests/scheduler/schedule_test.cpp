@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <random>
 #include <sstream>
 #include <vector>
 
@@ -454,6 +455,31 @@ TEST(scheduler_schedule, zb_h1_invariants_and_theory) {
       EXPECT_NEAR(1 - 3.0 * m / step,
                   theoretical_bubble(schedule_kind::zb_h1, p, m), 1e-12);
     }
+  }
+}
+
+// zb-hetero with equal times is zb-h1; with each chip's own times its lists
+// stay valid (the simulator's tests time them).
+TEST(scheduler_schedule, zb_hetero_places_w_by_the_chips_times) {
+  for (int p = 1; p <= 6; ++p)
+    for (int m = 1; m <= 12; ++m) {
+      auto layout = pipeline_layout::one_per_chip(p);
+      EXPECT_EQ(make_schedule(schedule_kind::zb_hetero, layout, m).ops,
+                make_schedule(schedule_kind::zb_h1, layout, m).ops);
+    }
+  std::mt19937 g(3);
+  std::uniform_real_distribution<double> t(0.2, 3);
+  for (int i = 0; i < 200; ++i) {
+    const int p = 2 + i % 5, m = 1 + i % 11;
+    schedule_times times;
+    for (int s = 0; s < p; ++s) {
+      times.forward.push_back(t(g));
+      times.input.push_back(t(g));
+      times.weight.push_back(t(g));
+    }
+    auto sc = make_schedule(schedule_kind::zb_hetero,
+                            pipeline_layout::one_per_chip(p), m, times);
+    ASSERT_NO_THROW(validate(sc)) << p << "x" << m;
   }
 }
 

@@ -23,14 +23,22 @@ enum class clock_mode {
 };
 
 /// The pipeline schedule (docs/planner.md, "Schedules").
-enum class schedule_kind { gpipe, one_f_one_b, interleaved_1f1b, zb_h1 };
+enum class schedule_kind {
+  gpipe,
+  one_f_one_b,
+  interleaved_1f1b,
+  zb_h1,
+  zb_hetero, ///< ZB-H1 with W placed by each chip's own op times
+};
 
 /// Every schedule_kind, in the order `h2-plan --compare` prints them.
 inline constexpr schedule_kind all_schedule_kinds[] = {
   schedule_kind::gpipe, schedule_kind::one_f_one_b,
-  schedule_kind::interleaved_1f1b, schedule_kind::zb_h1};
+  schedule_kind::interleaved_1f1b, schedule_kind::zb_h1,
+  schedule_kind::zb_hetero};
 
-/// "virtual"/"wall"; "gpipe", "1f1b", "interleaved-1f1b", "zb-h1".
+/// "virtual"/"wall"; "gpipe", "1f1b", "interleaved-1f1b", "zb-h1",
+/// "zb-hetero".
 std::string_view to_string(clock_mode m) noexcept;
 std::string_view to_string(schedule_kind k) noexcept;
 std::optional<schedule_kind> parse_schedule_kind(std::string_view s) noexcept;

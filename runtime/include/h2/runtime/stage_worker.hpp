@@ -54,6 +54,9 @@ struct worker_setup {
   /// Index of this replica's first sequence within the global batch.
   int first_sequence = 0;
   schedule_kind schedule = schedule_kind::one_f_one_b;
+  /// Every stage's op times in this replica, for schedules that place ops
+  /// by them (zb-hetero): the same on every chip (schedule_times_of()).
+  scheduler::schedule_times times;
   /// The previous and next stage's chips (none at the pipeline's ends).
   std::optional<chip_id> prev, next;
   /// Every chip this one exchanges tensors with: pipeline and ring
@@ -75,6 +78,13 @@ struct worker_setup {
   /// Closes every channel: waiting neighbours fail with peer_closed.
   void close_channels() const noexcept;
 };
+
+/// Each stage's forward, B and W seconds of one micro-batch in replica `r`
+/// of `p`, by the roofline of its chip's profile (what an emulated chip
+/// charges; a real chip's profile is its datasheet): a pure function of the
+/// job and the plan, so every node makes the same lists.
+scheduler::schedule_times schedule_times_of(const job_config& job,
+                                            const replica_plan& r);
 
 /// The setups of every chip of `p`, in plan order (replica by replica,
 /// stage by stage), with their peers listed but no channels attached yet

@@ -100,7 +100,7 @@ struct schedule {
 };
 
 /// Relative compute times of each chunk, for schedules that place ops by
-/// the chips' speeds (zb-h1 places W into the waits that these times
+/// the chips' speeds (zb-hetero places W into the waits that these times
 /// predict). Empty vectors: every forward, B and W takes the same time.
 struct schedule_times {
   std::vector<double> forward;  ///< per chunk
@@ -110,7 +110,7 @@ struct schedule_times {
 
 /// Why `kind` cannot run on `layout` with `micro_batches` micro-batches
 /// (one line, for a config_error), or "" when it can:
-/// - gpipe, 1f1b and zb-h1 need one chunk per chip;
+/// - gpipe, 1f1b, zb-h1 and zb-hetero need one chunk per chip;
 /// - interleaved-1f1b needs every chip to hold the same number v >= 2 of
 ///   chunks, dealt round by round (pipeline_layout::dealt), and at least as
 ///   many micro-batches as chips.
@@ -128,8 +128,10 @@ std::string layout_problem(schedule_kind kind, const pipeline_layout& layout,
 ///   smaller: the flexible form), warm-up (chips - s - 1) x 2 + (v - 1) x
 ///   chips forwards.
 /// - zb_h1: 1F1B's order of forwards and B, W split off and placed where
-///   the chip would otherwise wait (predicted with `times`), holding at most
-///   min(chips, micro_batches) micro-batches until their W.
+///   the chip would otherwise wait (predicted with equal times), holding at
+///   most min(chips, micro_batches) micro-batches until their W.
+/// - zb_hetero: zb_h1 with the waits predicted from `times`, each chip's
+///   own: on mixed chips W fills the idle time a slower neighbour causes.
 /// Throws h2::internal_error when layout_problem() is not empty or
 /// micro_batches < 1.
 schedule make_schedule(schedule_kind kind, const pipeline_layout& layout,
@@ -151,8 +153,8 @@ schedule make_forward_schedule(int chips, int micro_batches);
 /// backward or, when the backward is split, its W (H2's W keeps the chunk's
 /// autograd graph). gpipe: micro_batches x chunks; one_f_one_b:
 /// min(chips - chip, micro_batches); interleaved_1f1b: its warm-up plus one,
-/// at most v x micro_batches; zb_h1: min(chips, micro_batches). Throws
-/// h2::internal_error on arguments out of range.
+/// at most v x micro_batches; zb_h1, zb_hetero: min(chips, micro_batches).
+/// Throws h2::internal_error on arguments out of range.
 int in_flight_bound(schedule_kind kind, const pipeline_layout& layout,
                     int chip, int micro_batches);
 int in_flight_bound(schedule_kind kind, int chips, int chip,

@@ -164,7 +164,8 @@ public:
 
 private:
   schedule schedule_;
-  bool have_schedule_ = false;
+  bool have_schedule_ = false; ///< schedule_ is reusable for its shape
+  schedule_times times_;      ///< zb-hetero's, of the last run
   std::vector<double> clock_, sent_forward_, sent_backward_;
   std::vector<std::size_t> next_;
   std::vector<char> blocked_;
