@@ -112,13 +112,13 @@ void demo_cluster(std::vector<bench::record>& records) {
               "per step %.1f (%.4f s)\n",
               o.step_seconds, 100 * o.bubble, o.chips.c_str(), o.overruns,
               o.overrun_seconds);
-  records.push_back(
-    {"schedules.demo_tokens_per_second_best_vs_1f1b_wall", tokens / b.step_seconds,
-     "tok/s", tokens / o.step_seconds, o.step_seconds / b.step_seconds,
-     "best: " + std::string(to_string(best.value.schedule)) + " " +
-       best.report.shape + "; predicted ratio " +
-       std::to_string(one_f_one_b->report.step_seconds /
-                      best.report.step_seconds)});
+  records.push_back({"schedules.demo_tokens_per_second_best_vs_1f1b_wall",
+                     tokens / b.step_seconds, "tok/s", tokens / o.step_seconds,
+                     o.step_seconds / b.step_seconds,
+                     "best: " + std::string(to_string(best.value.schedule)) +
+                       " " + best.report.shape + "; predicted ratio " +
+                       std::to_string(one_f_one_b->report.step_seconds /
+                                      best.report.step_seconds)});
 }
 
 /// `text` with `from` replaced by `to` (the demo job changed if absent).
@@ -134,8 +134,9 @@ std::shared_ptr<job_config> identical_job(schedule_kind kind) {
   std::string toml(demo_job_toml());
   toml = replaced(toml, "n_layer = 12", "n_layer = 14");
   toml = replaced(toml, "\"emulated:mi250x\"", "\"emulated:h100-sxm\"");
-  toml = replaced(toml, "\"emulated:a100-sxm-40gb\", \"emulated:a100-sxm-40gb\"",
-                  "\"emulated:h100-sxm\", \"emulated:h100-sxm\"");
+  toml =
+    replaced(toml, "\"emulated:a100-sxm-40gb\", \"emulated:a100-sxm-40gb\"",
+             "\"emulated:h100-sxm\", \"emulated:h100-sxm\"");
   auto job = parse_job(toml, "identical.toml");
   job.plan.mode = plan_mode::even;
   job.plan.schedule = kind;
@@ -164,15 +165,16 @@ void identical_chips(std::vector<bench::record>& records) {
                 predicted.step_seconds, 100 * r.bubble,
                 100 * predicted.bubble_fraction, 100 * theory, r.chips.c_str(),
                 r.overruns, r.overrun_seconds);
-    records.push_back({"schedules.identical_bubble_measured_vs_textbook_" +
-                         std::string(to_string(kind)),
-                       r.bubble, "share", theory, r.bubble / theory,
-                       "simulated " + std::to_string(predicted.bubble_fraction)});
+    records.push_back(
+      {"schedules.identical_bubble_measured_vs_textbook_" +
+         std::string(to_string(kind)),
+       r.bubble, "share", theory, r.bubble / theory,
+       "simulated " + std::to_string(predicted.bubble_fraction)});
     if (kind != schedule_kind::one_f_one_b)
-      records.push_back(
-        {"schedules.identical_step_seconds_zb_h1_vs_1f1b_wall", r.step_seconds,
-         "s", one_f_one_b_seconds, one_f_one_b_seconds / r.step_seconds,
-         "4 x h100, even stages"});
+      records.push_back({"schedules.identical_step_seconds_zb_h1_vs_1f1b_wall",
+                         r.step_seconds, "s", one_f_one_b_seconds,
+                         one_f_one_b_seconds / r.step_seconds,
+                         "4 x h100, even stages"});
   }
   // interleaved-1f1b, v = 2: the simulator only (each chunk half a stage).
   auto job = identical_job(schedule_kind::one_f_one_b);
@@ -252,11 +254,10 @@ void draw_timelines(const std::string& dir) {
     for (int k = 0; k < p; ++k)
       labels[0].push_back("chip " + std::to_string(k));
     char title[160];
-    std::snprintf(title, sizeof title,
-                  "%s: 4 chips, 8 micro-batches%s, bubble %.1f%%",
-                  std::string(to_string(kind)).c_str(),
-                  v > 1 ? ", 2 chunks per chip" : "",
-                  100 * sim.bubble_fraction);
+    std::snprintf(
+      title, sizeof title, "%s: 4 chips, 8 micro-batches%s, bubble %.1f%%",
+      std::string(to_string(kind)).c_str(), v > 1 ? ", 2 chunks per chip" : "",
+      100 * sim.bubble_fraction);
     std::ofstream(dir + "/schedule-" + std::string(to_string(kind)) + ".svg")
       << scheduler::render_svg(sim, labels, title);
   }

@@ -242,9 +242,9 @@ void read_plan(table_reader& root, job_config& job) {
                          "needs mode = \"auto\"");
     p.search_schedule = true;
   } else {
-    p.schedule =
-      enum_value(*t, "schedule", p.schedule, schedule_kind_choices() + ", \"auto\"",
-                 [](const std::string& s) { return parse_schedule_kind(s); });
+    p.schedule = enum_value(
+      *t, "schedule", p.schedule, schedule_kind_choices() + ", \"auto\"",
+      [](const std::string& s) { return parse_schedule_kind(s); });
     if (auto why = schedule_unavailable(p.schedule); !why.empty())
       throw config_error(t->path("schedule"), std::string(why));
   }

@@ -162,8 +162,7 @@ void deferred_weight_gradients::run() {
     // Restricted to this node's own parameters: its path to the input is
     // not run again, and other nodes' parameters are theirs.
     engine.execute(r.inputs, r.grads, /*keep_graph=*/true,
-                   /*create_graph=*/false, /*accumulate_grad=*/true,
-                   r.params);
+                   /*create_graph=*/false, /*accumulate_grad=*/true, r.params);
   }
   state_.reset(); // the graph and the captured gradients go
 }

@@ -69,10 +69,9 @@ void stage_worker::forward_op(int mb, const step_command& cmd,
                               chip_step_report& r) {
   const auto i = static_cast<std::size_t>(mb);
   if (data_)
-    ctx.batch[i] =
-      load_batch(model::split::train, cmd.step,
-                 setup_.first_sequence + mb * setup_.micro_batch_size,
-                 loss_scale_);
+    ctx.batch[i] = load_batch(
+      model::split::train, cmd.step,
+      setup_.first_sequence + mb * setup_.micro_batch_size, loss_scale_);
   at::Tensor out;
   r.forward_seconds += timed_op(
     "forward", recorded_op::forward, mb,
@@ -96,37 +95,37 @@ void stage_worker::backward_op(int mb, bool split, const step_command& cmd,
   const bool first = setup_.stage == 0;
   const auto kind = split ? recorded_op::backward_input : recorded_op::backward;
   const double predicted_seconds = split ? seconds.input : seconds.backward;
-  r.backward_seconds += timed_op(
-    split ? "backward_input" : "backward", kind, mb,
-    charged(predicted_seconds, cmd.step, kind, mb), ctx, [&] {
-      if (setup_.assignment.recompute) {
-        devices::compute_scope scope(*device_);
-        ctx.output[i] = stage_->forward(ctx.input[i], ctx.batch[i]);
-      }
-      const at::Tensor gradient =
-        stage_->has_head() ? at::Tensor() : ctx.grad[i];
-      if (split) {
-        // B: the input gradients; the weight gradients wait for W
-        // (model/split_backward.hpp).
-        std::vector<at::Tensor> parameters;
-        for (const auto& l : stage_->layers())
-          for (const auto& p : l->parameters())
-            parameters.push_back(p.value);
-        auto [input_grad, weight_work] =
-          model::deferred_weight_gradients::backward_input(
-            ctx.output[i], gradient, ctx.input[i], parameters);
-        ctx.input_grad[i] = input_grad;
-        ctx.weight_work[i] = std::move(weight_work);
-      } else {
-        ctx.output[i].backward(gradient);
-        if (!first)
-          ctx.input_grad[i] = ctx.input[i].grad();
-      }
-      ctx.output[i] = at::Tensor();
-      ctx.grad[i] = at::Tensor();
-      ctx.batch[i] = model::micro_batch();
-      ctx.input[i] = at::Tensor();
-    });
+  r.backward_seconds +=
+    timed_op(split ? "backward_input" : "backward", kind, mb,
+             charged(predicted_seconds, cmd.step, kind, mb), ctx, [&] {
+               if (setup_.assignment.recompute) {
+                 devices::compute_scope scope(*device_);
+                 ctx.output[i] = stage_->forward(ctx.input[i], ctx.batch[i]);
+               }
+               const at::Tensor gradient =
+                 stage_->has_head() ? at::Tensor() : ctx.grad[i];
+               if (split) {
+                 // B: the input gradients; the weight gradients wait for W
+                 // (model/split_backward.hpp).
+                 std::vector<at::Tensor> parameters;
+                 for (const auto& l : stage_->layers())
+                   for (const auto& p : l->parameters())
+                     parameters.push_back(p.value);
+                 auto [input_grad, weight_work] =
+                   model::deferred_weight_gradients::backward_input(
+                     ctx.output[i], gradient, ctx.input[i], parameters);
+                 ctx.input_grad[i] = input_grad;
+                 ctx.weight_work[i] = std::move(weight_work);
+               } else {
+                 ctx.output[i].backward(gradient);
+                 if (!first)
+                   ctx.input_grad[i] = ctx.input[i].grad();
+               }
+               ctx.output[i] = at::Tensor();
+               ctx.grad[i] = at::Tensor();
+               ctx.batch[i] = model::micro_batch();
+               ctx.input[i] = at::Tensor();
+             });
 }
 
 void stage_worker::weight_op(int mb, const step_command& cmd,
@@ -150,9 +149,9 @@ void stage_worker::run_op(const scheduler::op& x, const step_command& cmd,
   const auto i = static_cast<std::size_t>(mb);
   switch (x.kind) {
     case op_kind::recv_forward: {
-      auto t = receive(*setup_.prev,
-                       make_tag(tag_kind::activation, cmd.step, mb, x.chunk),
-                       ctx, mb);
+      auto t =
+        receive(*setup_.prev,
+                make_tag(tag_kind::activation, cmd.step, mb, x.chunk), ctx, mb);
       t.set_requires_grad(true);
       ctx.input[i] = t;
       return;
@@ -258,10 +257,10 @@ chip_eval_report stage_worker::run_eval(const eval_command& cmd) {
       check_cancelled();
       switch (op.kind) {
         case op_kind::recv_forward:
-          ctx.input[i] = receive(
-            *setup_.prev,
-            make_tag(tag_kind::eval_activation, cmd.step, mb, op.chunk), ctx,
-            mb);
+          ctx.input[i] =
+            receive(*setup_.prev,
+                    make_tag(tag_kind::eval_activation, cmd.step, mb, op.chunk),
+                    ctx, mb);
           break;
         case op_kind::forward: {
           model::micro_batch batch;

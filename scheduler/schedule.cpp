@@ -104,7 +104,8 @@ lists interleaved_lists(const pipeline_layout& layout, int m) {
   for (int s = 0; s < p; ++s) {
     auto& list = out[static_cast<std::size_t>(s)];
     auto forward = [&](std::size_t k) {
-      list.push_back({op_kind::forward, table[k].first, table[k].second * p + s});
+      list.push_back(
+        {op_kind::forward, table[k].first, table[k].second * p + s});
     };
     auto backward = [&](std::size_t k) {
       list.push_back(
@@ -145,8 +146,8 @@ lists zb_h1_lists(const pipeline_layout& layout, int m,
     std::vector<op> order; // forwards and B, 1F1B's order
     std::size_t next = 0;
     double clock = 0;
-    int held = 0;              // forwarded, W not done
-    std::vector<int> pending;  // B done, W not done, oldest first
+    int held = 0;             // forwarded, W not done
+    std::vector<int> pending; // B done, W not done, oldest first
     std::size_t pending_first = 0;
   };
   std::vector<chip_state> chips(static_cast<std::size_t>(p));
@@ -179,9 +180,11 @@ lists zb_h1_lists(const pipeline_layout& layout, int m,
         // When the input (activations or gradients) is there.
         double ready = 0;
         if (fwd && s > 0)
-          ready = forwarded[static_cast<std::size_t>((s - 1) * m + x.micro_batch)];
+          ready =
+            forwarded[static_cast<std::size_t>((s - 1) * m + x.micro_batch)];
         if (!fwd && s + 1 < p)
-          ready = input_done[static_cast<std::size_t>((s + 1) * m + x.micro_batch)];
+          ready =
+            input_done[static_cast<std::size_t>((s + 1) * m + x.micro_batch)];
         if (ready < 0)
           break; // the neighbour has not got there yet
         // A W that fits the wait; a relative hair of slack so that times
@@ -235,7 +238,8 @@ lists eager_w_lists(const pipeline_layout& layout, int m) {
 /// free: a forward waits for the previous chip's, a B for the next chip's.
 double predicted_step(const lists& compute, int m, const schedule_times& t) {
   const auto p = compute.size();
-  std::vector<double> clock(p, 0), forwarded(p * static_cast<std::size_t>(m), -1),
+  std::vector<double> clock(p, 0),
+    forwarded(p * static_cast<std::size_t>(m), -1),
     input_done(forwarded.size(), -1);
   std::vector<std::size_t> next(p, 0);
   for (bool moved = true; moved;) {
@@ -246,7 +250,8 @@ double predicted_step(const lists& compute, int m, const schedule_times& t) {
         const auto mb = static_cast<std::size_t>(x.micro_batch);
         const auto at = s * static_cast<std::size_t>(m) + mb;
         if (x.kind == op_kind::forward) {
-          const double ready = s > 0 ? forwarded[at - static_cast<std::size_t>(m)] : 0;
+          const double ready =
+            s > 0 ? forwarded[at - static_cast<std::size_t>(m)] : 0;
           if (ready < 0)
             break;
           clock[s] = std::max(clock[s], ready) + t.forward[s];
@@ -275,7 +280,8 @@ lists zb_hetero_lists(const pipeline_layout& layout, int m,
     return zb_h1_lists(layout, m, {});
   lists best = zb_h1_lists(layout, m, {});
   double best_step = predicted_step(best, m, times);
-  for (auto candidate : {zb_h1_lists(layout, m, times), eager_w_lists(layout, m)}) {
+  for (auto candidate :
+       {zb_h1_lists(layout, m, times), eager_w_lists(layout, m)}) {
     const double step = predicted_step(candidate, m, times);
     if (step < best_step * (1 - 1e-12)) {
       best_step = step;
@@ -448,9 +454,8 @@ std::string layout_problem(schedule_kind kind, const pipeline_layout& layout,
     case schedule_kind::zb_h1:
     case schedule_kind::zb_hetero:
       if (!layout.one_chunk_per_chip())
-        return detail::concat(to_string(kind),
-                              " runs one chunk per chip; use "
-                              "interleaved-1f1b for several");
+        return detail::concat(to_string(kind), " runs one chunk per chip; use "
+                                               "interleaved-1f1b for several");
       return "";
     case schedule_kind::interleaved_1f1b: {
       const int v = layout.chunks() / layout.chips;
@@ -510,8 +515,8 @@ schedule make_forward_schedule(int chips, int micro_batches) {
                                micro_batches);
 }
 
-int in_flight_bound(schedule_kind kind, const pipeline_layout& layout,
-                    int chip, int micro_batches) {
+int in_flight_bound(schedule_kind kind, const pipeline_layout& layout, int chip,
+                    int micro_batches) {
   check_micro_batches(micro_batches);
   const int p = layout.chips;
   H2_ENFORCE(p >= 1 && chip >= 0 && chip < p, "chip = ", chip, ", chips = ", p);

@@ -76,7 +76,8 @@ void run_lists(const schedule& sc, const chunk_costs& cost, loop_state& st,
   for (std::size_t k = p; k-- > 0;)
     st.ready.push_back(static_cast<int>(k));
   auto wake = [&](int chunk) {
-    const auto k = static_cast<std::size_t>(owner[static_cast<std::size_t>(chunk)]);
+    const auto k =
+      static_cast<std::size_t>(owner[static_cast<std::size_t>(chunk)]);
     if (st.blocked[k]) {
       st.blocked[k] = 0;
       st.ready.push_back(static_cast<int>(k));
@@ -115,8 +116,8 @@ void run_lists(const schedule& sc, const chunk_costs& cost, loop_state& st,
                           cost.activation_link[c]);
           break;
         case op_kind::recv_backward:
-          stop = !receive(st.sent_backward[(c + 1) * m + mb],
-                          cost.gradient_link[c]);
+          stop =
+            !receive(st.sent_backward[(c + 1) * m + mb], cost.gradient_link[c]);
           break;
         case op_kind::forward:
           compute(interval_kind::forward, cost.forward[c]);
@@ -159,8 +160,7 @@ double peak_held_bytes(const schedule& sc, int k,
   const bool split = splits_backward(sc.kind);
   double held = 0, peak = 0;
   for (const op& x : sc.ops[static_cast<std::size_t>(k)]) {
-    const double bytes =
-      chunks[static_cast<std::size_t>(x.chunk)].held_bytes;
+    const double bytes = chunks[static_cast<std::size_t>(x.chunk)].held_bytes;
     if (x.kind == op_kind::forward)
       peak = std::max(peak, held += bytes);
     else if (x.kind == op_kind::backward_weight ||
@@ -269,7 +269,8 @@ void simulate_pipeline(const simulated_pipeline& pipe, int replica,
       const auto& x = pipe.stages[static_cast<std::size_t>(c)];
       static_bytes += x.static_bytes;
       working = std::max(working, x.working_bytes);
-      optimizer_working = std::max(optimizer_working, x.optimizer_working_bytes);
+      optimizer_working =
+        std::max(optimizer_working, x.optimizer_working_bytes);
       capacity = std::min(capacity, x.capacity_bytes);
     }
     o.phase_end_seconds = clock[static_cast<std::size_t>(k)];

@@ -33,8 +33,11 @@ struct progress {
 class list_checker {
 public:
   list_checker(const schedule& sc, int chip, progress& done)
-      : sc_(sc), chip_(chip), list_(sc.ops[static_cast<std::size_t>(chip)]),
-        done_(done), split_(splits_backward(sc.kind)) {}
+      : sc_(sc),
+        chip_(chip),
+        list_(sc.ops[static_cast<std::size_t>(chip)]),
+        done_(done),
+        split_(splits_backward(sc.kind)) {}
 
   void run() {
     for (std::ptrdiff_t j = 0; j < static_cast<std::ptrdiff_t>(list_.size());
@@ -88,11 +91,10 @@ private:
       detail::concat(head, ", chunk ", c, ", micro-batch ", mb, ": ");
     H2_ENFORCE(chip_of(c) == chip_, where, "chunk ", c, " is held by chip ",
                chip_of(c), ", not chip ", chip_);
-    const bool backward_op = x.kind == op_kind::recv_backward ||
-                             x.kind == op_kind::backward ||
-                             x.kind == op_kind::send_backward ||
-                             x.kind == op_kind::backward_input ||
-                             x.kind == op_kind::backward_weight;
+    const bool backward_op =
+      x.kind == op_kind::recv_backward || x.kind == op_kind::backward ||
+      x.kind == op_kind::send_backward || x.kind == op_kind::backward_input ||
+      x.kind == op_kind::backward_weight;
     H2_ENFORCE(!(sc_.forward_only && backward_op), where,
                "backward op in a forward-only", " schedule");
     const auto i = done_.at(c, mb);
@@ -108,10 +110,9 @@ private:
         H2_ENFORCE(!elsewhere(c, c - 1) ||
                      op_at(j - 1, {op_kind::recv_forward, mb, c}),
                    where, "forward without recv_forward right before it");
-        H2_ENFORCE(c == 0 || elsewhere(c, c - 1) ||
-                     done_.forwarded[done_.at(c - 1, mb)],
-                   where, "forward before chunk ", c - 1,
-                   "'s forward on the same chip");
+        H2_ENFORCE(
+          c == 0 || elsewhere(c, c - 1) || done_.forwarded[done_.at(c - 1, mb)],
+          where, "forward before chunk ", c - 1, "'s forward on the same chip");
         H2_ENFORCE(!elsewhere(c, c + 1) ||
                      op_at(j + 1, {op_kind::send_forward, mb, c}),
                    where, "forward without send_forward right after it");
@@ -183,9 +184,9 @@ bool releases(const schedule& sc, op_kind k) {
 
 /// The activation bound of chip `k`.
 void check_in_flight(const schedule& sc, int k) {
-  const int bound = sc.forward_only
-                      ? sc.micro_batches * sc.layout.chunks_of(k)
-                      : in_flight_bound(sc.kind, sc.layout, k, sc.micro_batches);
+  const int bound =
+    sc.forward_only ? sc.micro_batches * sc.layout.chunks_of(k)
+                    : in_flight_bound(sc.kind, sc.layout, k, sc.micro_batches);
   const auto& list = sc.ops[static_cast<size_t>(k)];
   int held = 0;
   for (size_t j = 0; j < list.size(); ++j) {

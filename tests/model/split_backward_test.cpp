@@ -17,7 +17,9 @@
 namespace h2::model {
 namespace {
 
-gpt_config shape() { return test::gpt_shape(17, 8, 16, 2, 3, 32); }
+gpt_config shape() {
+  return test::gpt_shape(17, 8, 16, 2, 3, 32);
+}
 
 micro_batch batch(const gpt_config& c, int seed) {
   micro_batch mb;
@@ -62,20 +64,22 @@ void expect_split_equals_fused(int first, int end) {
   std::vector<at::Tensor> inputs{input_of(0), input_of(1)};
   std::vector<at::Tensor> fused_input_grads, split_input_grads;
   for (int mb = 0; mb < 2; ++mb) {
-    auto in = has_input ? inputs[mb].clone().requires_grad_(true) : at::Tensor();
+    auto in =
+      has_input ? inputs[mb].clone().requires_grad_(true) : at::Tensor();
     auto out = fused.forward(in, batch(c, mb));
     out.backward(grad_of(out));
     fused_input_grads.push_back(has_input ? in.grad() : at::Tensor());
   }
   std::vector<deferred_weight_gradients> pending;
   for (int mb = 0; mb < 2; ++mb) {
-    auto in = has_input ? inputs[mb].clone().requires_grad_(true) : at::Tensor();
+    auto in =
+      has_input ? inputs[mb].clone().requires_grad_(true) : at::Tensor();
     auto out = split.forward(in, batch(c, mb));
     std::vector<at::Tensor> params;
     for (parameter* p : split.parameters())
       params.push_back(p->value);
-    auto [input_grad, w] = deferred_weight_gradients::backward_input(
-      out, grad_of(out), in, params);
+    auto [input_grad, w] =
+      deferred_weight_gradients::backward_input(out, grad_of(out), in, params);
     split_input_grads.push_back(input_grad);
     EXPECT_TRUE(w.pending());
     if (has_input) {
@@ -104,12 +108,12 @@ void expect_split_equals_fused(int first, int end) {
 
 TEST(model_split_backward, every_stage_shape_is_bitwise_the_fused_backward) {
   const int layers = shape().num_layers(); // embedding, 3 blocks, head
-  expect_split_equals_fused(0, 1);          // the embedding: W is everything
-  expect_split_equals_fused(1, 2);          // one block
-  expect_split_equals_fused(1, 4);          // blocks
+  expect_split_equals_fused(0, 1);         // the embedding: W is everything
+  expect_split_equals_fused(1, 2);         // one block
+  expect_split_equals_fused(1, 4);         // blocks
   expect_split_equals_fused(layers - 1, layers); // the head and the loss
-  expect_split_equals_fused(2, layers);     // blocks and the head
-  expect_split_equals_fused(0, layers);     // the whole model
+  expect_split_equals_fused(2, layers);          // blocks and the head
+  expect_split_equals_fused(0, layers);          // the whole model
 }
 
 } // namespace

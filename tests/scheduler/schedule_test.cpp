@@ -114,29 +114,29 @@ TEST(scheduler_schedule, gpipe_2x3_by_hand) {
   EXPECT_FALSE(sc.forward_only);
   ASSERT_EQ(sc.ops.size(), 2u);
   EXPECT_EQ(on_chunk(sc.ops[0], 0), (ops{{forward, 0},
-                            {send_forward, 0},
-                            {forward, 1},
-                            {send_forward, 1},
-                            {forward, 2},
-                            {send_forward, 2},
-                            {recv_backward, 0},
-                            {backward, 0},
-                            {recv_backward, 1},
-                            {backward, 1},
-                            {recv_backward, 2},
-                            {backward, 2}}));
+                                         {send_forward, 0},
+                                         {forward, 1},
+                                         {send_forward, 1},
+                                         {forward, 2},
+                                         {send_forward, 2},
+                                         {recv_backward, 0},
+                                         {backward, 0},
+                                         {recv_backward, 1},
+                                         {backward, 1},
+                                         {recv_backward, 2},
+                                         {backward, 2}}));
   EXPECT_EQ(on_chunk(sc.ops[1], 1), (ops{{recv_forward, 0},
-                            {forward, 0},
-                            {recv_forward, 1},
-                            {forward, 1},
-                            {recv_forward, 2},
-                            {forward, 2},
-                            {backward, 0},
-                            {send_backward, 0},
-                            {backward, 1},
-                            {send_backward, 1},
-                            {backward, 2},
-                            {send_backward, 2}}));
+                                         {forward, 0},
+                                         {recv_forward, 1},
+                                         {forward, 1},
+                                         {recv_forward, 2},
+                                         {forward, 2},
+                                         {backward, 0},
+                                         {send_backward, 0},
+                                         {backward, 1},
+                                         {send_backward, 1},
+                                         {backward, 2},
+                                         {send_backward, 2}}));
 }
 
 TEST(scheduler_schedule, one_f_one_b_4x6_by_hand) {
@@ -197,26 +197,26 @@ TEST(scheduler_schedule, one_f_one_b_with_fewer_micro_batches_than_stages) {
   // Warm-up min(3, 2) = 2 on stage 0: it forwards everything first.
   auto sc = make_schedule(schedule_kind::one_f_one_b, 4, 2);
   EXPECT_EQ(on_chunk(sc.ops[0], 0), (ops{{forward, 0},
-                            {send_forward, 0},
-                            {forward, 1},
-                            {send_forward, 1},
-                            {recv_backward, 0},
-                            {backward, 0},
-                            {recv_backward, 1},
-                            {backward, 1}}));
+                                         {send_forward, 0},
+                                         {forward, 1},
+                                         {send_forward, 1},
+                                         {recv_backward, 0},
+                                         {backward, 0},
+                                         {recv_backward, 1},
+                                         {backward, 1}}));
   // Stage 2: warm-up 1, one steady pair, one cool-down backward.
   EXPECT_EQ(on_chunk(sc.ops[2], 2), (ops{{recv_forward, 0},
-                            {forward, 0},
-                            {send_forward, 0},
-                            {recv_forward, 1},
-                            {forward, 1},
-                            {send_forward, 1},
-                            {recv_backward, 0},
-                            {backward, 0},
-                            {send_backward, 0},
-                            {recv_backward, 1},
-                            {backward, 1},
-                            {send_backward, 1}}));
+                                         {forward, 0},
+                                         {send_forward, 0},
+                                         {recv_forward, 1},
+                                         {forward, 1},
+                                         {send_forward, 1},
+                                         {recv_backward, 0},
+                                         {backward, 0},
+                                         {send_backward, 0},
+                                         {recv_backward, 1},
+                                         {backward, 1},
+                                         {send_backward, 1}}));
 }
 
 TEST(scheduler_schedule, one_stage_degenerates) {
@@ -249,11 +249,11 @@ TEST(scheduler_schedule, forward_only_3x2_by_hand) {
     on_chunk(sc.ops[0], 0),
     (ops{{forward, 0}, {send_forward, 0}, {forward, 1}, {send_forward, 1}}));
   EXPECT_EQ(on_chunk(sc.ops[1], 1), (ops{{recv_forward, 0},
-                            {forward, 0},
-                            {send_forward, 0},
-                            {recv_forward, 1},
-                            {forward, 1},
-                            {send_forward, 1}}));
+                                         {forward, 0},
+                                         {send_forward, 0},
+                                         {recv_forward, 1},
+                                         {forward, 1},
+                                         {send_forward, 1}}));
   EXPECT_EQ(
     on_chunk(sc.ops[2], 2),
     (ops{{recv_forward, 0}, {forward, 0}, {recv_forward, 1}, {forward, 1}}));
@@ -392,20 +392,38 @@ TEST(scheduler_schedule, interleaved_2x4_v2_by_hand) {
   auto sc = make_schedule(schedule_kind::interleaved_1f1b,
                           pipeline_layout::dealt({2, 2}), 4);
   ASSERT_NO_THROW(validate(sc));
-  EXPECT_EQ(compute_only(sc.ops[0]),
-            (ops{{forward, 0, 0},  {forward, 1, 0},  {forward, 0, 2},
-                 {forward, 1, 2},  {forward, 2, 0},  {backward, 0, 2},
-                 {forward, 3, 0},  {backward, 1, 2}, {forward, 2, 2},
-                 {backward, 0, 0}, {forward, 3, 2},  {backward, 1, 0},
-                 {backward, 2, 2}, {backward, 3, 2}, {backward, 2, 0},
-                 {backward, 3, 0}}));
-  EXPECT_EQ(compute_only(sc.ops[1]),
-            (ops{{forward, 0, 1},  {forward, 1, 1},  {forward, 0, 3},
-                 {backward, 0, 3}, {forward, 1, 3},  {backward, 1, 3},
-                 {forward, 2, 1},  {backward, 0, 1}, {forward, 3, 1},
-                 {backward, 1, 1}, {forward, 2, 3},  {backward, 2, 3},
-                 {forward, 3, 3},  {backward, 3, 3}, {backward, 2, 1},
-                 {backward, 3, 1}}));
+  EXPECT_EQ(compute_only(sc.ops[0]), (ops{{forward, 0, 0},
+                                          {forward, 1, 0},
+                                          {forward, 0, 2},
+                                          {forward, 1, 2},
+                                          {forward, 2, 0},
+                                          {backward, 0, 2},
+                                          {forward, 3, 0},
+                                          {backward, 1, 2},
+                                          {forward, 2, 2},
+                                          {backward, 0, 0},
+                                          {forward, 3, 2},
+                                          {backward, 1, 0},
+                                          {backward, 2, 2},
+                                          {backward, 3, 2},
+                                          {backward, 2, 0},
+                                          {backward, 3, 0}}));
+  EXPECT_EQ(compute_only(sc.ops[1]), (ops{{forward, 0, 1},
+                                          {forward, 1, 1},
+                                          {forward, 0, 3},
+                                          {backward, 0, 3},
+                                          {forward, 1, 3},
+                                          {backward, 1, 3},
+                                          {forward, 2, 1},
+                                          {backward, 0, 1},
+                                          {forward, 3, 1},
+                                          {backward, 1, 1},
+                                          {forward, 2, 3},
+                                          {backward, 2, 3},
+                                          {forward, 3, 3},
+                                          {backward, 3, 3},
+                                          {backward, 2, 1},
+                                          {backward, 3, 1}}));
   EXPECT_EQ(in_flight_bound(schedule_kind::interleaved_1f1b,
                             pipeline_layout::dealt({2, 2}), 0, 4),
             5);
@@ -494,18 +512,17 @@ TEST(scheduler_schedule, interleaved_invariants_and_theory) {
         auto sc = make_schedule(schedule_kind::interleaved_1f1b, layout, m);
         ASSERT_NO_THROW(validate(sc));
         for (int s = 0; s < p; ++s)
-          EXPECT_EQ(peak_in_flight(sc, s),
-                    in_flight_bound(schedule_kind::interleaved_1f1b, layout,
-                                    s, m));
+          EXPECT_EQ(
+            peak_in_flight(sc, s),
+            in_flight_bound(schedule_kind::interleaved_1f1b, layout, s, m));
         if (m % p != 0)
           continue; // the textbook value assumes whole groups
         // Each chunk a v-th of a stage: F 1/v, B 2/v.
         const double step = step_seconds(sc, 1.0 / v, 2.0 / v);
         EXPECT_NEAR(step, 3.0 * m + 3.0 * (p - 1) / v, 1e-9);
-        EXPECT_NEAR(1 - 3.0 * m / step,
-                    theoretical_bubble(schedule_kind::interleaved_1f1b, p, m,
-                                       v),
-                    1e-9);
+        EXPECT_NEAR(
+          1 - 3.0 * m / step,
+          theoretical_bubble(schedule_kind::interleaved_1f1b, p, m, v), 1e-9);
       }
 }
 
@@ -539,8 +556,10 @@ TEST(scheduler_schedule, rejects_bad_arguments) {
                internal_error);
   EXPECT_THROW(make_forward_schedule(0, 1), internal_error);
   EXPECT_THROW(make_forward_schedule(1, 0), internal_error);
-  EXPECT_THROW(theoretical_bubble(schedule_kind::one_f_one_b, 0, 1), internal_error);
-  EXPECT_THROW(theoretical_bubble(schedule_kind::one_f_one_b, 1, 0), internal_error);
+  EXPECT_THROW(theoretical_bubble(schedule_kind::one_f_one_b, 0, 1),
+               internal_error);
+  EXPECT_THROW(theoretical_bubble(schedule_kind::one_f_one_b, 1, 0),
+               internal_error);
 }
 
 } // namespace

@@ -199,9 +199,8 @@ simulated_pipeline random_pipeline(std::mt19937_64& g, schedule_kind kind) {
 TEST(scheduler_simulator, equals_reference_execution) {
   std::mt19937_64 g(5);
   phase_simulator fast;
-  const schedule_kind kinds[] = {schedule_kind::gpipe,
-                                 schedule_kind::one_f_one_b,
-                                 schedule_kind::zb_h1};
+  const schedule_kind kinds[] = {
+    schedule_kind::gpipe, schedule_kind::one_f_one_b, schedule_kind::zb_h1};
   for (int i = 0; i < 600; ++i) {
     auto kind = kinds[i % 3];
     auto p = random_pipeline(g, kind);
@@ -250,8 +249,8 @@ TEST(scheduler_simulator, bubbles_match_theory) {
         simulated_pipeline il;
         il.kind = schedule_kind::interleaved_1f1b;
         il.micro_batches = m;
-        il.layout =
-          pipeline_layout::dealt(std::vector<int>(static_cast<std::size_t>(p), v));
+        il.layout = pipeline_layout::dealt(
+          std::vector<int>(static_cast<std::size_t>(p), v));
         il.stages.assign(static_cast<std::size_t>(p * v), {});
         for (auto& s : il.stages) {
           s.forward_seconds = 1.0 / v;
@@ -259,10 +258,9 @@ TEST(scheduler_simulator, bubbles_match_theory) {
         }
         auto sim = simulate({il});
         ASSERT_EQ(sim.replicas[0].size(), static_cast<std::size_t>(p));
-        EXPECT_NEAR(sim.bubble_fraction,
-                    theoretical_bubble(schedule_kind::interleaved_1f1b, p, m,
-                                       v),
-                    1e-9);
+        EXPECT_NEAR(
+          sim.bubble_fraction,
+          theoretical_bubble(schedule_kind::interleaved_1f1b, p, m, v), 1e-9);
       }
     }
 }
@@ -287,7 +285,7 @@ TEST(scheduler_simulator, chunks_share_their_chip) {
   ASSERT_EQ(sim.replicas[0].size(), 2u);
   const auto& chip0 = sim.replicas[0][0];
   EXPECT_DOUBLE_EQ(chip0.optimizer_seconds, 1.0);
-  EXPECT_DOUBLE_EQ(chip0.forward_seconds, 4.0);  // 2 chunks x 2 mbs
+  EXPECT_DOUBLE_EQ(chip0.forward_seconds, 4.0); // 2 chunks x 2 mbs
   EXPECT_DOUBLE_EQ(chip0.backward_seconds, 8.0);
   // Chip 0 holds chunks 0 and 2 (10 and 30 bytes per micro-batch); its
   // warm-up of 4 forwards holds everything at once.

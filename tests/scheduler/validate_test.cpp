@@ -42,12 +42,11 @@ std::ptrdiff_t index_of(const schedule& sc, int chip, op x) {
 }
 
 TEST(scheduler_validate, accepts_generated_schedules) {
-  for (auto kind : {schedule_kind::gpipe, schedule_kind::one_f_one_b,
-                    schedule_kind::zb_h1})
+  for (auto kind :
+       {schedule_kind::gpipe, schedule_kind::one_f_one_b, schedule_kind::zb_h1})
     EXPECT_NO_THROW(validate(make_schedule(kind, 3, 5)));
-  EXPECT_NO_THROW(validate(make_schedule(schedule_kind::interleaved_1f1b,
-                                         pipeline_layout::dealt({2, 2, 2}),
-                                         5)));
+  EXPECT_NO_THROW(validate(make_schedule(
+    schedule_kind::interleaved_1f1b, pipeline_layout::dealt({2, 2, 2}), 5)));
   EXPECT_NO_THROW(validate(make_forward_schedule(3, 5)));
 }
 
@@ -187,8 +186,8 @@ TEST(scheduler_validate, rejects_deadlock_from_swapped_ops) {
 TEST(scheduler_validate, rejects_cross_chip_cycle) {
   // Chip 0 alternates (needs backward(0) before sending forward(1)), chip 1
   // forwards everything first (needs forward(1) before backward(0)).
-  schedule sc{schedule_kind::gpipe, pipeline_layout::one_per_chip(2), 2, {},
-              false};
+  schedule sc{
+    schedule_kind::gpipe, pipeline_layout::one_per_chip(2), 2, {}, false};
   sc.ops = {{{forward, 0},
              {send_forward, 0},
              {recv_backward, 0},
@@ -244,9 +243,8 @@ TEST(scheduler_validate, rejects_w_deferred_past_the_zb_h1_bound) {
   // micro-batches' graphs alive, above min(p, m) = 3.
   auto sc = make_schedule(schedule_kind::zb_h1, 3, 6);
   auto& first = sc.ops[0];
-  std::stable_partition(first.begin(), first.end(), [](const op& x) {
-    return x.kind != backward_weight;
-  });
+  std::stable_partition(first.begin(), first.end(),
+                        [](const op& x) { return x.kind != backward_weight; });
   expect_rejected(sc, "activations in flight, above the zb-h1 bound 3");
 }
 

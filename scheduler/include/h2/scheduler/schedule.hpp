@@ -1,6 +1,6 @@
-// Pipeline schedules as data (docs/architecture.md, "Schedule"; docs/planner.md,
-// "Schedules"): for one step, the ordered op list of every chip of a pipeline.
-// The runtime, the simulator and the validator execute the same lists.
+// Pipeline schedules as data (docs/planner.md, "Schedules"): for one step, the
+// ordered op list of every chip of a pipeline. The runtime, the simulator and
+// the validator execute the same lists.
 //
 // Chunks. A pipeline is a sequence of chunks, each a contiguous range of
 // layers, in layer order; a chip holds one or more chunks (the layout says
@@ -103,9 +103,9 @@ struct schedule {
 /// the chips' speeds (zb-hetero places W into the waits that these times
 /// predict). Empty vectors: every forward, B and W takes the same time.
 struct schedule_times {
-  std::vector<double> forward;  ///< per chunk
-  std::vector<double> input;    ///< B per chunk
-  std::vector<double> weight;   ///< W per chunk
+  std::vector<double> forward; ///< per chunk
+  std::vector<double> input;   ///< B per chunk
+  std::vector<double> weight;  ///< W per chunk
 };
 
 /// Why `kind` cannot run on `layout` with `micro_batches` micro-batches
@@ -155,10 +155,9 @@ schedule make_forward_schedule(int chips, int micro_batches);
 /// min(chips - chip, micro_batches); interleaved_1f1b: its warm-up plus one,
 /// at most v x micro_batches; zb_h1, zb_hetero: min(chips, micro_batches).
 /// Throws h2::internal_error on arguments out of range.
-int in_flight_bound(schedule_kind kind, const pipeline_layout& layout,
-                    int chip, int micro_batches);
-int in_flight_bound(schedule_kind kind, int chips, int chip,
+int in_flight_bound(schedule_kind kind, const pipeline_layout& layout, int chip,
                     int micro_batches);
+int in_flight_bound(schedule_kind kind, int chips, int chip, int micro_batches);
 
 /// The idle share of a step when every chunk's forward, B and W take the
 /// same time on every chip and links are free (the textbook values):

@@ -28,8 +28,8 @@ namespace h2::scheduler {
 /// planner plans today: the chip's stage): what each op costs and what it
 /// holds in memory.
 struct simulated_stage {
-  double forward_seconds = 0;   ///< one forward (one micro-batch)
-  double backward_seconds = 0;  ///< one fused backward, recomputation included
+  double forward_seconds = 0;  ///< one forward (one micro-batch)
+  double backward_seconds = 0; ///< one fused backward, recomputation included
   /// B and W when the schedule splits the backward (B with the
   /// recomputation).
   double input_seconds = 0;
@@ -165,7 +165,7 @@ public:
 private:
   schedule schedule_;
   bool have_schedule_ = false; ///< schedule_ is reusable for its shape
-  schedule_times times_;      ///< zb-hetero's, of the last run
+  schedule_times times_;       ///< zb-hetero's, of the last run
   std::vector<double> clock_, sent_forward_, sent_backward_;
   std::vector<std::size_t> next_;
   std::vector<char> blocked_;
