@@ -30,7 +30,7 @@ struct chip_state {
     std::optional<runtime::worker_setup> next;
     for (auto& w : runtime::make_worker_setups(setup.job, p, setup.origin,
                                                setup.cancel))
-      if (w.assignment.chip == setup.chip->id)
+      if (w.chip->id == setup.chip->id)
         next = std::move(w);
     H2_ENFORCE(next.has_value(), "chip ", setup.chip->id.to_string(),
                " is not in the live re-plan");

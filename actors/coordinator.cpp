@@ -149,8 +149,12 @@ void collect_parameters(
   coordinator_self self, const runtime::run_summary& summary, std::size_t next,
   std::shared_ptr<std::vector<runtime::parameter_values>> out) {
   auto& st = self->state;
-  const auto stages = st.ctx->the_plan.replicas.front().stages.size();
-  if (next == stages) {
+  const auto chips = replica_chips(st.ctx->the_plan.replicas.front());
+  if (next == chips.size()) {
+    // Chip by chip is not layer order once a chip holds several chunks.
+    std::stable_sort(
+      out->begin(), out->end(),
+      [](const auto& a, const auto& b) { return a.layer < b.layer; });
     finish_job(self, summary, std::move(*out));
     return;
   }
@@ -164,9 +168,9 @@ void collect_parameters(
       },
       [self, next](caf::error& e) {
         auto& st = self->state;
-        auto f =
-          request_failure(e, *st.options.job,
-                          st.ctx->the_plan.replicas.front().stages[next].chip);
+        auto f = request_failure(
+          e, *st.options.job,
+          replica_chips(st.ctx->the_plan.replicas.front())[next]);
         fail_job(self, f.code, f.message);
       });
 }
@@ -286,9 +290,8 @@ void start_job(coordinator_self self) {
           if (--*pending != 0)
             return;
           auto& st = self->state;
-          for (const auto& rep : st.ctx->the_plan.replicas)
-            for (const auto& s : rep.stages)
-              st.ctx->chips.push_back(actors->at(s.chip));
+          for (const auto& chip : plan_chips(st.ctx->the_plan))
+            st.ctx->chips.push_back(actors->at(chip));
           train(self);
         },
         [self, rank = rank](caf::error& e) {

@@ -7,6 +7,7 @@
 #include "h2/actors/scheduler_actor.hpp"
 #include "h2/runtime/links.hpp"
 
+#include <algorithm>
 #include <caf/actor_system.hpp>
 #include <caf/scoped_actor.hpp>
 
@@ -99,7 +100,7 @@ runtime::run_summary local_job::run(const run_options& opts,
   auto setups = runtime::make_worker_setups(job_, plan_, origin, cancel_);
   ctx->watchdog = std::make_shared<runtime::progress_watchdog>(job_->watchdog);
   for (auto& w : setups)
-    w.progress = ctx->watchdog->watch(w.assignment.chip);
+    w.progress = ctx->watchdog->watch(w.chip->id);
   runtime::wire_channels(setups, runtime::assign_links(plan_, here, "")[0],
                          *job_, nullptr, transport::deadline::max(),
                          [this](const std::shared_ptr<transport::channel>& ch) {
@@ -110,9 +111,10 @@ runtime::run_summary local_job::run(const run_options& opts,
     chip_options co;
     co.writer = ctx->checkpoints;
     if (opts.resume)
-      for (int l = w.assignment.first_layer; l < w.assignment.end_layer; ++l)
-        co.restore.push_back(
-          opts.resume->layers.at(static_cast<std::size_t>(l)));
+      for (const auto& c : w.chunks)
+        for (int l = c.first_layer; l < c.end_layer; ++l)
+          co.restore.push_back(
+            opts.resume->layers.at(static_cast<std::size_t>(l)));
     ctx->chips.push_back(system.spawn<caf::detached>(chip_actor, std::move(w),
                                                      std::move(co)));
   }
@@ -137,9 +139,8 @@ runtime::run_summary local_job::run(const run_options& opts,
     parameters_.clear();
     chip_parameters_.clear();
     if (!failed && opts.collect_parameters) {
-      // Chips come replica by replica, stage by stage: replica 0's first,
-      // in layer order.
-      const auto stages = plan_.replicas.front().stages.size();
+      // Chips come replica by replica (plan_chips()): replica 0's first.
+      const auto stages = replica_chips(plan_.replicas.front()).size();
       const auto order = plan_chips(plan_);
       for (std::size_t i = 0; i < ctx->chips.size() && !failed; ++i)
         self->request(ctx->chips[i], step_timeout(*job_), params_atom::value)
@@ -152,6 +153,10 @@ runtime::run_summary local_job::run(const run_options& opts,
             [&](caf::error& e) {
               failed = request_failure(e, *job_, order[i]);
             });
+      // Layer order, as the single model lists them.
+      std::stable_sort(
+        parameters_.begin(), parameters_.end(),
+        [](const auto& a, const auto& b) { return a.layer < b.layer; });
     }
     for (auto& chip : ctx->chips)
       self->send_exit(chip, caf::exit_reason::user_shutdown);

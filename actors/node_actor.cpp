@@ -33,8 +33,8 @@ node_ready build_node(caf::event_based_actor* self, const node_context& ctx,
   std::vector<runtime::worker_setup> mine;
   for (auto& w :
        runtime::make_worker_setups(ctx.job, p, origin, ctx.shared->cancel))
-    if (w.assignment.chip.node == ctx.rank) {
-      w.progress = ctx.shared->watchdog->watch(w.assignment.chip);
+    if (w.chip->id.node == ctx.rank) {
+      w.progress = ctx.shared->watchdog->watch(w.chip->id);
       mine.push_back(std::move(w));
     }
   // A resumed run: each chip loads its own layers from the checkpoint
@@ -49,10 +49,13 @@ node_ready build_node(caf::event_based_actor* self, const node_context& ctx,
           std::to_string(manifest.step) + ", the coordinator step " +
           std::to_string(a.resume_step));
     for (std::size_t i = 0; i < mine.size(); ++i)
-      options[i].restore =
-        runtime::read_layers(a.resume_dir, manifest,
-                             mine[i].assignment.first_layer,
-                             mine[i].assignment.end_layer);
+      for (const auto& c : mine[i].chunks) {
+        auto layers = runtime::read_layers(a.resume_dir, manifest,
+                                           c.first_layer, c.end_layer);
+        options[i].restore.insert(options[i].restore.end(),
+                                  std::make_move_iterator(layers.begin()),
+                                  std::make_move_iterator(layers.end()));
+      }
   }
   runtime::wire_channels(mine, a.links, job, ctx.shared->endpoint.get(),
                          std::chrono::steady_clock::now() +
@@ -65,7 +68,7 @@ node_ready build_node(caf::event_based_actor* self, const node_context& ctx,
   for (std::size_t i = 0; i < mine.size(); ++i) {
     auto& w = mine[i];
     options[i].writer = ctx.shared->writer;
-    ready.chips.push_back(w.assignment.chip);
+    ready.chips.push_back(w.chip->id);
     auto chip = self->system().spawn<caf::detached>(chip_actor, std::move(w),
                                                     std::move(options[i]));
     ready.actors.push_back(chip);

@@ -6,6 +6,7 @@
 #include "h2/runtime/admin.hpp"
 #include "h2/runtime/rebalancing.hpp"
 #include "h2/runtime/step_control.hpp"
+#include "h2/scheduler/plan_builder.hpp"
 
 #include <caf/actor_cast.hpp>
 #include <caf/actor_system.hpp>
@@ -106,19 +107,28 @@ bool from_itself(self_ptr self) {
   return from && from->id() == self->id() && from->node() == self->node();
 }
 
-/// The replica-0 stage whose chip sent the message in hand: the chips that
-/// write layer files; null for any other sender.
-const stage_plan* saving_stage(self_ptr self) {
+/// The stages (chunks) of the replica-0 chip that sent the message in hand:
+/// the chips that write layer files; empty for any other sender.
+std::vector<stage_plan> saving_chunks(self_ptr self) {
   const auto& from = self->current_sender();
   const auto& ctx = *self->state.ctx;
-  const auto& stages = ctx.the_plan.replicas.front().stages;
+  const auto& replica = ctx.the_plan.replicas.front();
+  const auto chips = replica_chips(replica);
+  std::vector<stage_plan> out;
   if (!from)
-    return nullptr;
-  for (std::size_t i = 0; i < stages.size() && i < ctx.chips.size(); ++i)
+    return out;
+  for (std::size_t i = 0; i < chips.size() && i < ctx.chips.size(); ++i)
     if (ctx.chips[i] && from->id() == ctx.chips[i].id() &&
         from->node() == ctx.chips[i].node())
-      return &stages[i];
-  return nullptr;
+      for (const auto& s : replica.stages)
+        if (s.chip == chips[i])
+          out.push_back(s);
+  return out;
+}
+
+/// Chips of replica 0: the first ones of ctx.chips (plan_chips() order).
+std::size_t replica_zero_chips(const run_context& ctx) {
+  return replica_chips(ctx.the_plan.replicas.front()).size();
 }
 
 /// Makes one request of each of the first `count` chips (plan order:
@@ -240,7 +250,7 @@ void save_checkpoint(self_ptr self, std::function<void()> then,
     return;
   }
   st.saving = scheduler_state::save_in_progress{st.step, {}, waited, waited};
-  const auto owners = ctx.the_plan.replicas.front().stages.size();
+  const auto owners = replica_zero_chips(ctx);
   gather_first<std::int32_t>(
     self, owners,
     [self, then = std::move(then), start, waited](std::vector<std::int32_t>) {
@@ -254,15 +264,14 @@ void save_checkpoint(self_ptr self, std::function<void()> then,
 
 /// A node's writer wrote some of the saving checkpoint's layer files: once
 /// every layer's file is written, publishes the manifest.
-void on_written(self_ptr self, const stage_plan& stage,
+void on_written(self_ptr self, const std::vector<stage_plan>& chunks,
                 std::int64_t step, std::vector<runtime::file_record> files) {
   auto& st = self->state;
   auto& ctx = *st.ctx;
   if (!st.saving || st.saving->step != step)
     return;
   auto& all = st.saving->files;
-  if (!runtime::files_of_stage(files, stage.first_layer, stage.end_layer,
-                               all))
+  if (!runtime::files_of_chip(files, chunks, all))
     return; // not what this chip's snapshot wrote: forged or repeated
   all.insert(all.end(), std::make_move_iterator(files.begin()),
              std::make_move_iterator(files.end()));
@@ -400,7 +409,7 @@ void replan(self_ptr self, scheduler_state::pending_plan change,
     fail(self, current_exception_error());
     return;
   }
-  const auto owners = ctx.the_plan.replicas.front().stages.size();
+  const auto owners = replica_zero_chips(ctx);
   const auto started = clock::now();
   gather_first<std::vector<runtime::layer_state>>(
     self, owners,
@@ -421,9 +430,13 @@ void replan(self_ptr self, scheduler_state::pending_plan change,
       auto slices =
         std::make_shared<std::vector<std::vector<runtime::layer_state>>>();
       for (const auto& rep : change.value.replicas)
-        for (const auto& s : rep.stages)
-          slices->emplace_back(layers.begin() + s.first_layer,
-                               layers.begin() + s.end_layer);
+        for (const auto& chip : replica_chips(rep)) {
+          auto& slice = slices->emplace_back();
+          for (const auto& s : rep.stages)
+            if (s.chip == chip)
+              slice.insert(slice.end(), layers.begin() + s.first_layer,
+                           layers.begin() + s.end_layer);
+        }
       gather_with<runtime::setup_report>(
         self, ctx.chips.size(),
         [self, change, moves, then,
@@ -595,6 +608,7 @@ std::string admin(self_ptr self, const runtime::admin_command& cmd) {
       }
       plan p = plan_from_json(cmd.plan_json, "the admin's plan");
       validate_plan(p, job, "the admin's plan");
+      scheduler::check_plan_layout(p, "the admin's plan");
       if (plan_chips(p) != plan_chips(ctx.the_plan)) {
         if (!cmd.restart)
           throw admin_error(
@@ -706,13 +720,13 @@ caf::behavior scheduler_actor(self_ptr self, std::shared_ptr<run_context> ctx) {
     },
     [self](written_atom, std::int64_t step,
            std::vector<runtime::file_record>& files, const caf::error& err) {
-      const auto* stage = saving_stage(self);
-      if (stage == nullptr)
+      const auto chunks = saving_chunks(self);
+      if (chunks.empty())
         return; // not from a chip that writes layer files
       if (err)
         fail(self, err);
       else
-        on_written(self, *stage, step, std::move(files));
+        on_written(self, chunks, step, std::move(files));
     },
     [self](admin_poll_atom) {
       auto& st = self->state;
@@ -765,6 +779,7 @@ void check_replans(const std::map<int, plan>& replans, const plan& start,
   for (const auto& [step, p] : replans) {
     const std::string where = "the re-plan before step " + std::to_string(step);
     validate_plan(p, job, where);
+    scheduler::check_plan_layout(p, where);
     if (plan_chips(p) != plan_chips(start))
       throw config_error(where, "a live re-plan keeps the chips and their "
                                 "order; this one changes them (that needs "

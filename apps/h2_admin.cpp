@@ -142,9 +142,10 @@ std::string read_file(const std::string& path) {
 
 /// h2-admin status without --json.
 void print_status(const json& s) {
-  std::printf("job %s: step %d of %d, plan %d, %s (last step %.4f s)\n",
+  std::printf("job %s: step %d of %d, plan %d (%s), %s (last step %.4f s)\n",
               s.value("job", "?").c_str(), s.value("step", 0),
               s.value("steps", 0), s.value("plan_generation", 0),
+              s.value("schedule", "?").c_str(),
               s.value("paused", false) ? "paused" : "running",
               s.value("last_step_seconds", 0.0));
   if (s.contains("policy")) {
@@ -156,17 +157,18 @@ void print_status(const json& s) {
                 p.value("predicted_step_seconds", 0.0),
                 p.value("best_predicted_step_seconds", 0.0));
   }
-  std::printf("%-6s %-24s %7s %5s %-9s %8s %7s %9s %10s\n", "chip", "device",
-              "replica", "stage", "layers", "throttle", "speed", "idle s",
-              "peak MiB");
+  std::printf("%-6s %-24s %7s %5s %5s %-9s %8s %7s %9s %10s\n", "chip",
+              "device", "replica", "stage", "chunk", "layers", "throttle",
+              "speed", "idle s", "peak MiB");
   for (const auto& c : s["chips"]) {
     const auto layers = c["layers"];
     char range[32];
     std::snprintf(range, sizeof(range), "[%d, %d)", layers[0].get<int>(),
                   layers[1].get<int>());
-    std::printf("%-6s %-24s %7d %5d %-9s %8.2f", c.value("chip", "?").c_str(),
-                c.value("device", "?").c_str(), c.value("replica", 0),
-                c.value("stage", 0), range, c.value("throttle", 1.0));
+    std::printf("%-6s %-24s %7d %5d %5d %-9s %8.2f",
+                c.value("chip", "?").c_str(), c.value("device", "?").c_str(),
+                c.value("replica", 0), c.value("stage", 0), c.value("chunk", 0),
+                range, c.value("throttle", 1.0));
     if (c.contains("compute_factor"))
       std::printf(" %6.2fx %9.4f %10.1f", c["compute_factor"].get<double>(),
                   c["idle_seconds"].get<double>(),

@@ -219,8 +219,6 @@ int run(const options& opt) {
       throw config_error("", "--schedule: expected one of " +
                                schedule_kind_choices() + ", \"auto\", got \"" +
                                printable(opt.schedule) + "\"");
-    if (auto why = schedule_unavailable(*k); !why.empty())
-      throw config_error("", "--schedule: " + std::string(why));
     po.schedule = *k;
   }
   po.micro_batch_sizes = opt.micro_batch;
@@ -242,7 +240,8 @@ int run(const options& opt) {
     po.schedule = choices.front().schedule;
   }
   scheduler::planner pl(job, m, po);
-  auto result = search ? *choices.front().result : pl.run();
+  auto result =
+    search ? *choices.front().result : scheduler::plan_auto(job, m, po);
   double planning =
     std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
       .count();

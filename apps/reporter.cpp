@@ -91,9 +91,13 @@ void reporter::on_setup(const plan& p,
     const auto& r = p.replicas[ri];
     std::fprintf(out, "h2: replica %zu: %d micro-batches of %d sequences\n", ri,
                  r.micro_batches, r.micro_batch_size);
+    const auto positions = stage_positions(r);
     for (std::size_t s = 0; s < r.stages.size(); ++s) {
       const auto& st = r.stages[s];
-      stage_of_[st.chip] = static_cast<int>(s);
+      // A chip's `stage` label is its pipeline position; its chunks (the
+      // plan's stages) are told apart by a `chunk` label.
+      const int position = positions[s];
+      stage_of_[st.chip] = position;
       const chip_spec* c = job_.find_chip(st.chip);
       auto rep = report_of.find(st.chip);
       std::fprintf(
@@ -110,14 +114,18 @@ void reporter::on_setup(const plan& p,
           ? "?"
           : human_bytes(static_cast<double>(rep->second->memory.capacity))
               .c_str());
-      if (registry_ != nullptr)
+      if (registry_ != nullptr) {
+        auto labels = chip_labels(st.chip, position);
+        labels.emplace_back("chunk", std::to_string(s));
         registry_
           ->get_gauge("h2_stage_layers",
-                      "Layers the chip's stage holds in the running plan.",
-                      chip_labels(st.chip, static_cast<int>(s)))
+                      "Layers the chunk (a stage of the plan) holds in the "
+                      "running plan.",
+                      labels)
           .set(st.end_layer - st.first_layer);
+      }
       if (registry_ != nullptr && rep != report_of.end()) {
-        auto labels = chip_labels(st.chip, static_cast<int>(s));
+        auto labels = chip_labels(st.chip, position);
         registry_
           ->get_gauge("h2_chip_memory_capacity_bytes",
                       "Memory the chip may use (emulated: profile memory x "
@@ -132,7 +140,7 @@ void reporter::on_setup(const plan& p,
       if (trace_) {
         trace_->name_thread(st.chip.node, st.chip.index,
                             st.chip.to_string() + " " + c->profile.name +
-                              " (stage " + std::to_string(s) + ")");
+                              " (stage " + std::to_string(position) + ")");
       }
     }
   }

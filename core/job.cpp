@@ -39,19 +39,17 @@ std::optional<schedule_kind> parse_schedule_kind(std::string_view s) noexcept {
   return std::nullopt;
 }
 
-std::string_view schedule_unavailable(schedule_kind k) noexcept {
+int default_chunks_per_chip(schedule_kind k) noexcept {
   switch (k) {
     case schedule_kind::gpipe:
     case schedule_kind::one_f_one_b:
     case schedule_kind::zb_h1:
     case schedule_kind::zb_hetero:
-      return "";
+      return 1;
     case schedule_kind::interleaved_1f1b:
-      return "interleaved-1f1b needs several chunks per chip, and this "
-             "version's plans hold one chunk per chip (the scheduler and "
-             "h2-plan's simulations know it; training does not yet)";
+      return 2;
   }
-  return "unknown schedule";
+  return 1;
 }
 
 std::string schedule_kind_choices() {

@@ -245,8 +245,6 @@ void read_plan(table_reader& root, job_config& job) {
     p.schedule = enum_value(
       *t, "schedule", p.schedule, schedule_kind_choices() + ", \"auto\"",
       [](const std::string& s) { return parse_schedule_kind(s); });
-    if (auto why = schedule_unavailable(p.schedule); !why.empty())
-      throw config_error(t->path("schedule"), std::string(why));
   }
   if (const toml::array* a = t->maybe_array("stages")) {
     if (a->empty())
@@ -256,8 +254,32 @@ void read_plan(table_reader& root, job_config& job) {
     for (auto* c : job.chips())
       p.stages.push_back(c->id);
   }
-  const int stages = static_cast<int>(p.stages.size());
+  const int chips = static_cast<int>(p.stages.size());
   const int layers = job.model.num_layers();
+  p.chunks_given = t->has("chunks_per_chip");
+  p.chunks_per_chip =
+    positive_int(*t, "chunks_per_chip", default_chunks_per_chip(p.schedule));
+  if (p.chunks_given && !p.search_schedule &&
+      p.chunks_per_chip != default_chunks_per_chip(p.schedule) &&
+      p.schedule != schedule_kind::interleaved_1f1b)
+    throw config_error(t->path("chunks_per_chip"),
+                       std::string(to_string(p.schedule)) +
+                         " runs one chunk per chip; several need schedule = "
+                         "\"interleaved-1f1b\"");
+  if (p.schedule == schedule_kind::interleaved_1f1b && !p.search_schedule &&
+      p.chunks_per_chip < 2)
+    throw config_error(t->path("chunks_per_chip"),
+                       "interleaved-1f1b needs at least 2 chunks per chip");
+  if (p.mode != plan_mode::automatic && p.chunks_per_chip > 1 &&
+      chips * p.chunks_per_chip > layers)
+    throw config_error(t->path("chunks_per_chip"),
+                       std::to_string(chips) + " chips x " +
+                         std::to_string(p.chunks_per_chip) +
+                         " chunks need at least as many layers, but the "
+                         "model has " +
+                         std::to_string(layers));
+  // Stages of the plan: a chunk each (one per chip unless chunks_per_chip).
+  const int stages = chips * p.chunks_per_chip;
   const toml::array* layer_counts = t->maybe_array("layers");
   if (p.mode == plan_mode::manual) {
     if (layer_counts == nullptr)
@@ -265,10 +287,12 @@ void read_plan(table_reader& root, job_config& job) {
                          "missing: plan.mode = \"manual\" needs the layers "
                          "of every stage");
     if (static_cast<int>(layer_counts->size()) != stages)
-      throw config_error(t->path("layers"),
-                         "has " + std::to_string(layer_counts->size()) +
-                           " entries but the plan has " +
-                           std::to_string(stages) + " stages");
+      throw config_error(
+        t->path("layers"),
+        "has " + std::to_string(layer_counts->size()) +
+          " entries but the plan has " + std::to_string(stages) + " stages (" +
+          std::to_string(chips) + " chips x " +
+          std::to_string(p.chunks_per_chip) + " chunks_per_chip)");
     int sum = 0;
     for (std::size_t i = 0; i < layer_counts->size(); ++i) {
       std::string path = t->path("layers") + "[" + std::to_string(i) + "]";
@@ -294,8 +318,8 @@ void read_plan(table_reader& root, job_config& job) {
                          "only allowed with plan.mode = \"manual\"");
     // auto: plan.stages lists the chips the planner may use; it chooses
     // the pipeline depth itself.
-    if (p.mode == plan_mode::even && stages > layers)
-      throw config_error(t->path("stages"), std::to_string(stages) +
+    if (p.mode == plan_mode::even && chips > layers)
+      throw config_error(t->path("stages"), std::to_string(chips) +
                                               " stages but the model has "
                                               "only " +
                                               std::to_string(layers) +

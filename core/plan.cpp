@@ -4,6 +4,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <set>
 
 namespace h2 {
@@ -91,10 +92,11 @@ plan plan_from_json(const std::string& text, const std::string& origin) {
   if (!fmt.is_string() || fmt.get<std::string>() != "h2-plan")
     throw config_error(root + ".format", "expected \"h2-plan\"");
   int version = int_member(j, "version", root, 1);
-  if (version != plan::format_version)
+  if (version < 1 || version > plan::format_version)
     throw config_error(root + ".version",
                        "plan format version " + std::to_string(version) +
-                         " is not supported (this build reads version " +
+                         " is not supported (this build reads versions 1 "
+                         "to " +
                          std::to_string(plan::format_version) + ")");
   plan p;
   const json& sched = member(j, "schedule", root);
@@ -103,8 +105,6 @@ plan plan_from_json(const std::string& text, const std::string& origin) {
   if (!kind)
     throw config_error(root + ".schedule",
                        "expected one of " + schedule_kind_choices());
-  if (auto why = schedule_unavailable(*kind); !why.empty())
-    throw config_error(root + ".schedule", std::string(why));
   p.schedule = *kind;
   long long sequences = 0;
   const json& reps = member(j, "replicas", root);
@@ -163,6 +163,13 @@ plan plan_from_json(const std::string& text, const std::string& origin) {
           throw config_error(spath + ".recompute", "expected a boolean");
         s.recompute = js["recompute"].get<bool>();
       }
+      if (version == 1)
+        for (const auto& before : r.stages)
+          if (before.chip == s.chip)
+            throw config_error(spath + ".chip",
+                               "chip " + s.chip.to_string() +
+                                 " holds two stages, which a version 1 "
+                                 "plan cannot express (write version 2)");
       r.stages.push_back(s);
     }
     p.replicas.push_back(std::move(r));
@@ -194,11 +201,28 @@ std::vector<reduction_group> reduction_groups(const plan& p) {
   return out;
 }
 
+std::vector<chip_id> replica_chips(const replica_plan& r) {
+  std::vector<chip_id> out;
+  for (const auto& s : r.stages)
+    if (std::find(out.begin(), out.end(), s.chip) == out.end())
+      out.push_back(s.chip);
+  return out;
+}
+
+std::vector<int> stage_positions(const replica_plan& r) {
+  const auto chips = replica_chips(r);
+  std::vector<int> out;
+  for (const auto& s : r.stages)
+    out.push_back(static_cast<int>(
+      std::find(chips.begin(), chips.end(), s.chip) - chips.begin()));
+  return out;
+}
+
 std::vector<chip_id> plan_chips(const plan& p) {
   std::vector<chip_id> out;
   for (const auto& r : p.replicas)
-    for (const auto& s : r.stages)
-      out.push_back(s.chip);
+    for (const auto& c : replica_chips(r))
+      out.push_back(c);
   return out;
 }
 
@@ -219,7 +243,7 @@ std::vector<chip_link> plan_links(const plan& p) {
 
 void validate_plan(const plan& p, const job_config& job,
                    const std::string& origin) {
-  std::set<chip_id> used;
+  std::set<chip_id> used; // by earlier replicas
   const int layers = job.model.num_layers();
   for (std::size_t ri = 0; ri < p.replicas.size(); ++ri) {
     auto& r = p.replicas[ri];
@@ -231,9 +255,14 @@ void validate_plan(const plan& p, const job_config& job,
       if (job.find_chip(s.chip) == nullptr)
         throw config_error(spath + ".chip",
                            "no chip " + s.chip.to_string() + " in the job");
-      if (!used.insert(s.chip).second)
+      if (used.count(s.chip) != 0)
         throw config_error(spath + ".chip", "chip " + s.chip.to_string() +
-                                              " is used by two stages");
+                                              " serves two replicas");
+      if (si > 0 && r.stages[si - 1].chip == s.chip)
+        throw config_error(spath + ".chip",
+                           "chip " + s.chip.to_string() +
+                             " also holds the stage before: one stage of "
+                             "their layers would do");
       if (s.first_layer != next || s.end_layer <= s.first_layer)
         throw config_error(spath + ".layers",
                            "expected a non-empty range starting at layer " +
@@ -242,6 +271,8 @@ void validate_plan(const plan& p, const job_config& job,
                              std::to_string(s.end_layer) + ")");
       next = s.end_layer;
     }
+    for (const auto& c : replica_chips(r))
+      used.insert(c);
     if (next != layers)
       throw config_error(rpath + ".stages",
                          "cover layers [0, " + std::to_string(next) +

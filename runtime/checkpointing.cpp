@@ -167,14 +167,20 @@ void check_checkpoint_marker(const std::filesystem::path& root,
         "): put checkpoint.dir on storage every node shares, at the same path");
 }
 
-bool files_of_stage(const std::vector<file_record>& files, int first_layer,
-                    int end_layer, const std::vector<file_record>& so_far) {
+bool files_of_chip(const std::vector<file_record>& files,
+                   const std::vector<stage_plan>& chunks,
+                   const std::vector<file_record>& so_far) {
   std::set<int> seen;
   for (const auto& f : so_far)
     seen.insert(f.layer);
+  auto held = [&](int layer) {
+    for (const auto& c : chunks)
+      if (c.first_layer <= layer && layer < c.end_layer)
+        return true;
+    return false;
+  };
   for (const auto& f : files)
-    if (f.layer < first_layer || f.layer >= end_layer ||
-        !seen.insert(f.layer).second)
+    if (!held(f.layer) || !seen.insert(f.layer).second)
       return false;
   return true;
 }

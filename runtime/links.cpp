@@ -96,7 +96,7 @@ void wire_channels(
                     std::shared_ptr<transport::channel> ch) {
     worker_setup* setup = nullptr;
     for (auto& w : setups)
-      if (w.assignment.chip == local)
+      if (w.chip->id == local)
         setup = &w;
     if (setup == nullptr || setup->peers.count(peer) == 0)
       throw internal_error("no chip " + local.to_string() + " with a peer " +

@@ -41,6 +41,7 @@ std::string status_json(const job_config& job, const plan& running,
   json chips = json::array();
   for (std::size_t r = 0; r < running.replicas.size(); ++r) {
     const auto& rep = running.replicas[r];
+    const auto positions = stage_positions(rep);
     for (std::size_t s = 0; s < rep.stages.size(); ++s) {
       const auto& st = rep.stages[s];
       const chip_spec* spec = job.find_chip(st.chip);
@@ -48,7 +49,8 @@ std::string status_json(const job_config& job, const plan& running,
       json c = {{"chip", st.chip.to_string()},
                 {"device", spec != nullptr ? spec->device : "?"},
                 {"replica", r},
-                {"stage", s},
+                {"stage", positions[s]},
+                {"chunk", s},
                 {"layers", {st.first_layer, st.end_layer}},
                 {"recompute", st.recompute},
                 {"throttle",
@@ -66,6 +68,7 @@ std::string status_json(const job_config& job, const plan& running,
               {"step", status.step},
               {"steps", status.steps},
               {"paused", status.paused},
+              {"schedule", std::string(to_string(running.schedule))},
               {"last_step_seconds", status.last_step_seconds},
               {"plan_generation", status.generation},
               {"plan", json::parse(to_json(running, -1))},

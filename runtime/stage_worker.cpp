@@ -5,6 +5,7 @@
 #include "h2/devices/emulated/cost_function.hpp"
 #include "h2/model/optim.hpp"
 #include "h2/runtime/links.hpp"
+#include "h2/scheduler/plan_builder.hpp"
 #include "h2/transport/collectives.hpp"
 #include "h2/transport/tags.hpp"
 
@@ -14,6 +15,7 @@
 #include <ATen/core/grad_mode.h>
 #include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <cmath>
 #include <thread>
 
@@ -32,37 +34,49 @@ stage_worker::stage_worker(worker_setup setup) : setup_(std::move(setup)) {
     if (link.channel) // this plan's bounds, also on kept channels
       link.channel->set_limits(setup_.limits);
   devices::thread_binding bind(*device_);
-  const auto& a = setup_.assignment;
-  stage_ = std::make_unique<model::stage>(job.model, a.first_layer, a.end_layer,
-                                          job.seed, device_->torch_device());
-  if (stage_->has_embedding() || stage_->has_head())
-    data_ = model::make_data_source(job);
-  schedule_ = scheduler::make_schedule(
-    setup_.schedule, scheduler::pipeline_layout::one_per_chip(setup_.stages),
-    setup_.micro_batches, setup_.times);
-  for (int l = a.first_layer; l < a.end_layer; ++l)
-    work_.push_back(compute_layer_work(job.model, l, setup_.micro_batch_size,
-                                       device_->compute_dtype()));
-  double forward_total = 0, backward_total = 0;
-  for (const auto& w : work_) {
-    auto f = device_->layer_seconds(w, devices::pass::forward);
-    // What the schedule's backward of the layer is charged: fused, or B
-    // and W.
-    auto b = device_->layer_seconds(w, devices::pass::backward);
-    if (b && scheduler::splits_backward(setup_.schedule))
-      b = *device_->layer_seconds(w, devices::pass::backward_input) +
-          *device_->layer_seconds(w, devices::pass::backward_weight);
-    forward_share_.push_back(f ? *f : w.forward_flops);
-    backward_share_.push_back(b ? *b : w.backward_flops);
-    if (a.recompute)
-      backward_share_.back() += forward_share_.back();
-    forward_total += forward_share_.back();
-    backward_total += backward_share_.back();
+  H2_ENFORCE(!setup_.chunks.empty(), "chip ", setup_.chip->id.to_string(),
+             " holds no chunk");
+  bool needs_data = false;
+  for (const auto& c : setup_.chunks) {
+    chunks_.push_back(std::make_unique<model::stage>(job.model, c.first_layer,
+                                                     c.end_layer, job.seed,
+                                                     device_->torch_device()));
+    needs_data = needs_data || chunks_.back()->has_embedding() ||
+                 chunks_.back()->has_head();
+    for (const auto& l : chunks_.back()->layers())
+      layers_.push_back(l.get());
   }
+  if (needs_data)
+    data_ = model::make_data_source(job);
+  schedule_ = scheduler::make_schedule(setup_.schedule, setup_.layout,
+                                       setup_.micro_batches, setup_.times);
+  double forward_total = 0, backward_total = 0;
+  for (const auto& c : setup_.chunks) {
+    auto& work = work_.emplace_back();
+    for (int l = c.first_layer; l < c.end_layer; ++l)
+      work.push_back(compute_layer_work(job.model, l, setup_.micro_batch_size,
+                                        device_->compute_dtype()));
+    for (const auto& w : work) {
+      auto f = device_->layer_seconds(w, devices::pass::forward);
+      // What the schedule's backward of the layer is charged: fused, or B
+      // and W.
+      auto b = device_->layer_seconds(w, devices::pass::backward);
+      if (b && scheduler::splits_backward(setup_.schedule))
+        b = *device_->layer_seconds(w, devices::pass::backward_input) +
+            *device_->layer_seconds(w, devices::pass::backward_weight);
+      forward_share_.push_back(f ? *f : w.forward_flops);
+      backward_share_.push_back(b ? *b : w.backward_flops);
+      if (c.recompute)
+        backward_share_.back() += forward_share_.back();
+      forward_total += forward_share_.back();
+      backward_total += backward_share_.back();
+    }
+  }
+  const auto n = static_cast<double>(layers_.size());
   for (auto& x : forward_share_)
-    x = forward_total > 0 ? x / forward_total : 1.0 / work_.size();
+    x = forward_total > 0 ? x / forward_total : 1.0 / n;
   for (auto& x : backward_share_)
-    x = backward_total > 0 ? x / backward_total : 1.0 / work_.size();
+    x = backward_total > 0 ? x / backward_total : 1.0 / n;
   timeout_ = std::chrono::duration<double>(job.transport.timeout_seconds);
   loss_scale_ = 1.0 / static_cast<double>(job.tokens_per_step());
 }
@@ -106,18 +120,23 @@ make_worker_setups(const std::shared_ptr<const job_config>& job,
   int first_sequence = 0;
   for (std::size_t ri = 0; ri < p.replicas.size(); ++ri) {
     const auto& r = p.replicas[ri];
-    const int stages = static_cast<int>(r.stages.size());
+    const auto chips = replica_chips(r);
+    const auto layout = scheduler::layout_of(r);
     const auto times = schedule_times_of(*job, r);
-    for (int s = 0; s < stages; ++s) {
-      const auto& sp = r.stages[static_cast<std::size_t>(s)];
+    std::vector<chip_id> chunk_chips;
+    for (const auto& st : r.stages)
+      chunk_chips.push_back(st.chip);
+    for (int k = 0; k < layout.chips; ++k) {
+      const chip_id& id = chips[static_cast<std::size_t>(k)];
       worker_setup w;
       w.job = job;
-      w.chip = job->find_chip(sp.chip);
-      H2_ENFORCE(w.chip != nullptr, "no chip ", sp.chip.to_string());
+      w.chip = job->find_chip(id);
+      H2_ENFORCE(w.chip != nullptr, "no chip ", id.to_string());
       w.replica = static_cast<int>(ri);
-      w.stage = s;
-      w.stages = stages;
-      w.assignment = sp;
+      w.stage = k;
+      w.stages = layout.chips;
+      w.layout = layout;
+      w.chunk_chips = chunk_chips;
       w.micro_batch_size = r.micro_batch_size;
       w.micro_batches = r.micro_batches;
       w.first_sequence = first_sequence;
@@ -126,18 +145,21 @@ make_worker_setups(const std::shared_ptr<const job_config>& job,
       w.limits = limits;
       w.origin = origin;
       w.cancel = cancel;
-      if (s > 0) {
-        w.prev = r.stages[static_cast<std::size_t>(s - 1)].chip;
-        w.peers[*w.prev] = {};
-      }
-      if (s + 1 < stages) {
-        w.next = r.stages[static_cast<std::size_t>(s + 1)].chip;
-        w.peers[*w.next] = {};
+      for (std::size_t c = 0; c < r.stages.size(); ++c) {
+        if (chunk_chips[c] != id)
+          continue;
+        w.chunks.push_back(r.stages[c]);
+        w.chunk_index.push_back(static_cast<int>(c));
+        // Pipeline neighbours on other chips.
+        if (c > 0 && chunk_chips[c - 1] != id)
+          w.peers[chunk_chips[c - 1]] = {};
+        if (c + 1 < chunk_chips.size() && chunk_chips[c + 1] != id)
+          w.peers[chunk_chips[c + 1]] = {};
       }
       for (std::size_t g = 0; g < groups.size(); ++g) {
         const auto& group = groups[g];
         const int size = static_cast<int>(group.members.size());
-        if (group.members[ri] != sp.chip)
+        if (group.members[ri] != id)
           continue;
         reduction_assignment red;
         red.group = static_cast<int>(g);
@@ -157,6 +179,13 @@ make_worker_setups(const std::shared_ptr<const job_config>& job,
     first_sequence += r.sequences();
   }
   return out;
+}
+
+bool worker_setup::holds_layer(int layer) const noexcept {
+  for (const auto& c : chunks)
+    if (c.first_layer <= layer && layer < c.end_layer)
+      return true;
+  return false;
 }
 
 void worker_setup::close_channels() const noexcept {
@@ -225,9 +254,17 @@ clock_pair stage_worker::clocks() const {
   return {c.virtual_now(), c.wall_now()};
 }
 
-double stage_worker::layer_seconds(devices::pass p) const {
+std::size_t stage_worker::local_chunk(int chunk) const {
+  const auto& idx = setup_.chunk_index;
+  const auto it = std::find(idx.begin(), idx.end(), chunk);
+  H2_ENFORCE(it != idx.end(), "chip ", device_->id().to_string(),
+             " runs an op of chunk ", chunk, ", which it does not hold");
+  return static_cast<std::size_t>(it - idx.begin());
+}
+
+double stage_worker::layer_seconds(std::size_t local, devices::pass p) const {
   double total = 0;
-  for (const auto& w : work_) {
+  for (const auto& w : work_[local]) {
     auto s = device_->layer_seconds(w, p);
     if (!s)
       return -1; // a real device: measure instead
@@ -238,7 +275,7 @@ double stage_worker::layer_seconds(devices::pass p) const {
 
 void stage_worker::set_throttle(double factor) {
   H2_ENFORCE(factor > 0 && std::isfinite(factor), "throttle factor ", factor);
-  if (!device_->layer_seconds(work_.front(), devices::pass::forward))
+  if (!device_->layer_seconds(work_.front().front(), devices::pass::forward))
     throw h2::error("chip " + device_->describe() +
                     " is a real device: only emulated chips can be "
                     "throttled");
@@ -250,13 +287,14 @@ namespace {
 /// A uniform draw in [-1, 1] from a hash of the op's identity (splitmix64
 /// finaliser), so noise does not depend on thread timing.
 double noise_draw(std::uint64_t seed, const chip_id& chip, std::int64_t step,
-                  recorded_op kind, int micro_batch) {
+                  recorded_op kind, int micro_batch, int chunk) {
   std::uint64_t x = seed;
   for (std::uint64_t v :
        {static_cast<std::uint64_t>(chip.node),
         static_cast<std::uint64_t>(chip.index),
         static_cast<std::uint64_t>(step), static_cast<std::uint64_t>(kind),
-        static_cast<std::uint64_t>(micro_batch)}) {
+        static_cast<std::uint64_t>(micro_batch),
+        static_cast<std::uint64_t>(chunk)}) {
     x += 0x9e3779b97f4a7c15ULL + v;
     x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
     x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
@@ -268,15 +306,15 @@ double noise_draw(std::uint64_t seed, const chip_id& chip, std::int64_t step,
 } // namespace
 
 std::optional<double> stage_worker::charged(double seconds, std::int64_t step,
-                                            recorded_op kind,
-                                            int micro_batch) const {
+                                            recorded_op kind, int micro_batch,
+                                            int chunk) const {
   if (seconds < 0)
     return std::nullopt;
   const auto& em = setup_.job->emulation;
   double factor = throttle_;
   if (em.noise > 0)
     factor *= 1 + em.noise * noise_draw(em.noise_seed, device_->id(), step,
-                                        kind, micro_batch);
+                                        kind, micro_batch, chunk);
   return seconds * factor;
 }
 
@@ -284,7 +322,7 @@ std::vector<layer_charge>
 stage_worker::layer_charges(double forward_seconds,
                             double backward_seconds) const {
   std::vector<layer_charge> out;
-  for (std::size_t l = 0; l < work_.size(); ++l)
+  for (std::size_t l = 0; l < layers_.size(); ++l)
     out.push_back({forward_share_[l] * forward_seconds,
                    backward_share_[l] * backward_seconds});
   return out;
@@ -369,7 +407,7 @@ chip_update_report stage_worker::apply_update(const update_command& cmd) {
     auto& clock = device_->clock();
     clock.advance_virtual_to(cmd.virtual_barrier);
     double emulated_seconds = 0;
-    for (const auto& l : stage_->layers()) {
+    for (const auto* l : layers_) {
       auto s = device_->optimizer_seconds(l->parameter_count());
       emulated_seconds =
         s && emulated_seconds >= 0 ? emulated_seconds + *s : -1;
@@ -378,7 +416,7 @@ chip_update_report stage_worker::apply_update(const update_command& cmd) {
       charged(emulated_seconds, cmd.step, recorded_op::optimizer, 0);
     begin_op("optimizer", -1, predicted);
     double w0 = clock.wall_now(), t0 = clock.now(), v0 = clock.virtual_now();
-    for (const auto& l : stage_->layers())
+    for (auto* l : layers_)
       model::adamw_update(*l, setup_.job->train, cmd.lr, cmd.step + 1,
                           cmd.clip_coefficient);
     device_->synchronize();
@@ -396,12 +434,12 @@ chip_update_report stage_worker::apply_update(const update_command& cmd) {
 
 std::vector<parameter_values> stage_worker::parameters() const {
   std::vector<parameter_values> out;
-  for (const auto& l : stage_->layers())
+  for (const auto* l : layers_)
     for (const auto& p : l->parameters()) {
       auto t = device_->to_host(p.value.detach()).contiguous();
       const float* data = t.data_ptr<float>();
-      out.push_back(
-        {p.name, t.sizes().vec(), std::vector<float>(data, data + t.numel())});
+      out.push_back({p.name, t.sizes().vec(),
+                     std::vector<float>(data, data + t.numel()), l->index()});
     }
   return out;
 }
@@ -410,7 +448,7 @@ std::vector<layer_state> stage_worker::snapshot() {
   return guarded([&] {
     devices::thread_binding bind(*device_);
     std::vector<layer_state> out;
-    for (const auto& l : stage_->layers())
+    for (const auto* l : layers_)
       out.push_back(snapshot_layer(*device_, *l));
     return out;
   });
@@ -419,7 +457,7 @@ std::vector<layer_state> stage_worker::snapshot() {
 void stage_worker::restore(const std::vector<layer_state>& states) {
   guarded([&] {
     devices::thread_binding bind(*device_);
-    for (const auto& l : stage_->layers()) {
+    for (auto* l : layers_) {
       const layer_state* mine = nullptr;
       for (const auto& s : states)
         if (s.layer == l->index())
@@ -448,7 +486,7 @@ void stage_worker::reduce_gradients(std::int64_t step, op_context& ctx) {
     // The group's parameters held here; every member holds the same ones,
     // so every member cuts the same buckets.
     std::vector<model::parameter*> params;
-    for (const auto& l : stage_->layers())
+    for (auto* l : layers_)
       if (l->index() >= red.first_layer && l->index() < red.end_layer)
         for (auto& p : l->parameters())
           params.push_back(&p);
@@ -491,7 +529,10 @@ void stage_worker::reduce_gradients(std::int64_t step, op_context& ctx) {
 }
 
 setup_report stage_worker::ready_report() const {
-  return {device_->id(), stage_->parameter_count(), memory_now()};
+  std::int64_t parameters = 0;
+  for (const auto& c : chunks_)
+    parameters += c->parameter_count();
+  return {device_->id(), parameters, memory_now()};
 }
 
 } // namespace h2::runtime

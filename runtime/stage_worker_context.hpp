@@ -11,17 +11,25 @@
 
 namespace h2::runtime {
 
-/// What each micro-batch holds between its ops, and what the step has
-/// measured so far. Indexed by micro-batch (a worker runs one chunk).
+/// What each micro-batch of each chunk holds between its ops, and what the
+/// step has measured so far. Indexed by slot(): the chip's chunks one after
+/// the other, micro-batches within.
 struct stage_worker::op_context {
-  explicit op_context(int micro_batches)
-      : input(micro_batches),
-        output(micro_batches),
-        weight_work(micro_batches),
-        grad(micro_batches),
-        input_grad(micro_batches),
-        batch(micro_batches) {}
+  op_context(std::size_t chunks, int micro_batches)
+      : micro_batches(static_cast<std::size_t>(micro_batches)),
+        input(chunks * this->micro_batches),
+        output(input.size()),
+        weight_work(input.size()),
+        grad(input.size()),
+        input_grad(input.size()),
+        batch(input.size()) {}
 
+  /// The slot of micro-batch `mb` of the chip's chunk `local`.
+  std::size_t slot(std::size_t local, int mb) const noexcept {
+    return local * micro_batches + static_cast<std::size_t>(mb);
+  }
+
+  std::size_t micro_batches;
   std::vector<at::Tensor> input;  ///< received activations (leaves)
   std::vector<at::Tensor> output; ///< chunk outputs kept for the backward
   /// A split backward's W, from its B (which keeps the graph for it).

@@ -30,27 +30,33 @@ std::vector<channel_traffic> traffic_of(const worker_setup& s) {
 
 } // namespace
 
-stage_worker::op_seconds stage_worker::emulated_op_seconds() const {
-  op_seconds out;
-  out.forward = layer_seconds(devices::pass::forward);
-  out.backward = layer_seconds(devices::pass::backward);
-  out.input = layer_seconds(devices::pass::backward_input);
-  out.weight = layer_seconds(devices::pass::backward_weight);
-  if (out.forward < 0 || out.backward < 0 || out.input < 0 || out.weight < 0)
-    return {-1, -1, -1, -1}; // a real device: every op is measured
-  if (setup_.assignment.recompute) {
-    out.backward += out.forward;
-    out.input += out.forward; // B rebuilds the activations
+std::vector<stage_worker::op_seconds>
+stage_worker::emulated_op_seconds() const {
+  std::vector<op_seconds> out;
+  for (std::size_t c = 0; c < chunks_.size(); ++c) {
+    op_seconds s;
+    s.forward = layer_seconds(c, devices::pass::forward);
+    s.backward = layer_seconds(c, devices::pass::backward);
+    s.input = layer_seconds(c, devices::pass::backward_input);
+    s.weight = layer_seconds(c, devices::pass::backward_weight);
+    if (s.forward < 0 || s.backward < 0 || s.input < 0 || s.weight < 0)
+      s = {-1, -1, -1, -1}; // a real device: every op is measured
+    else if (setup_.chunks[c].recompute) {
+      s.backward += s.forward;
+      s.input += s.forward; // B rebuilds the activations
+    }
+    out.push_back(s);
   }
   return out;
 }
 
 template <class F>
-double stage_worker::timed_op(const char* name, recorded_op kind, int mb,
+double stage_worker::timed_op(const char* name, recorded_op kind,
+                              const scheduler::op& x,
                               std::optional<double> predicted, op_context& ctx,
                               F&& body) {
   auto& clock = device_->clock();
-  begin_op(name, mb, predicted);
+  begin_op(name, x.micro_batch, predicted);
   const double w0 = clock.wall_now(), t0 = clock.now(),
                v0 = clock.virtual_now();
   body();
@@ -60,55 +66,87 @@ double stage_worker::timed_op(const char* name, recorded_op kind, int mb,
   const double charged_seconds = clock.virtual_now() - v0;
   (kind == recorded_op::forward ? ctx.forward_charged : ctx.backward_charged) +=
     charged_seconds;
-  ctx.ops.push_back({kind, mb, t0, clock.now(), charged_seconds});
+  ctx.ops.push_back(
+    {kind, x.micro_batch, t0, clock.now(), charged_seconds, x.chunk});
   return seconds;
 }
 
-void stage_worker::forward_op(int mb, const step_command& cmd,
-                              const op_seconds& seconds, op_context& ctx,
-                              chip_step_report& r) {
-  const auto i = static_cast<std::size_t>(mb);
-  if (data_)
-    ctx.batch[i] = load_batch(
-      model::split::train, cmd.step,
-      setup_.first_sequence + mb * setup_.micro_batch_size, loss_scale_);
+bool stage_worker::chunk_here(int chunk) const {
+  return chunk >= 0 && chunk < static_cast<int>(setup_.chunk_chips.size()) &&
+         setup_.chunk_chips[static_cast<std::size_t>(chunk)] == device_->id();
+}
+
+void stage_worker::forward_op(const scheduler::op& x, const step_command& cmd,
+                              const std::vector<op_seconds>& seconds,
+                              op_context& ctx, chip_step_report& r) {
+  const std::size_t c = local_chunk(x.chunk);
+  const std::size_t i = ctx.slot(c, x.micro_batch);
+  model::stage& chunk = *chunks_[c];
+  const bool recompute = setup_.chunks[c].recompute;
+  if (chunk_here(x.chunk - 1)) {
+    // The previous chunk ran here: its output is this one's input, handed
+    // over on the chip (schedule.hpp: no send, no receive).
+    const std::size_t prev = ctx.slot(c - 1, x.micro_batch);
+    ctx.input[i] = ctx.output[prev].detach().requires_grad_(true);
+    if (setup_.chunks[c - 1].recompute)
+      ctx.output[prev] = at::Tensor(); // recomputed in its backward
+  }
+  if (chunk.has_embedding() || chunk.has_head())
+    ctx.batch[i] = load_batch(model::split::train, cmd.step,
+                              setup_.first_sequence +
+                                x.micro_batch * setup_.micro_batch_size,
+                              loss_scale_);
   at::Tensor out;
-  r.forward_seconds += timed_op(
-    "forward", recorded_op::forward, mb,
-    charged(seconds.forward, cmd.step, recorded_op::forward, mb), ctx, [&] {
-      devices::compute_scope scope(*device_);
-      std::optional<at::NoGradGuard> no_grad;
-      if (setup_.assignment.recompute)
-        no_grad.emplace();
-      out = stage_->forward(ctx.input[i], ctx.batch[i]);
-    });
+  r.forward_seconds +=
+    timed_op("forward", recorded_op::forward, x,
+             charged(seconds[c].forward, cmd.step, recorded_op::forward,
+                     x.micro_batch, x.chunk),
+             ctx, [&] {
+               devices::compute_scope scope(*device_);
+               std::optional<at::NoGradGuard> no_grad;
+               if (recompute)
+                 no_grad.emplace();
+               out = chunk.forward(ctx.input[i], ctx.batch[i]);
+             });
   expect_held(out, "a forward's output");
-  if (stage_->has_head())
+  if (chunk.has_head())
     r.loss += out.item<double>();
   ctx.output[i] = out;
 }
 
-void stage_worker::backward_op(int mb, bool split, const step_command& cmd,
-                               const op_seconds& seconds, op_context& ctx,
-                               chip_step_report& r) {
-  const auto i = static_cast<std::size_t>(mb);
-  const bool first = setup_.stage == 0;
+void stage_worker::backward_op(const scheduler::op& x, bool split,
+                               const step_command& cmd,
+                               const std::vector<op_seconds>& seconds,
+                               op_context& ctx, chip_step_report& r) {
+  const std::size_t c = local_chunk(x.chunk);
+  const std::size_t i = ctx.slot(c, x.micro_batch);
+  model::stage& chunk = *chunks_[c];
+  const bool first = x.chunk == 0;
+  if (chunk_here(x.chunk + 1)) {
+    // The next chunk's backward ran here: its input gradient is this
+    // chunk's output gradient.
+    const std::size_t next = ctx.slot(c + 1, x.micro_batch);
+    ctx.grad[i] = ctx.input_grad[next];
+    ctx.input_grad[next] = at::Tensor();
+  }
   const auto kind = split ? recorded_op::backward_input : recorded_op::backward;
-  const double predicted_seconds = split ? seconds.input : seconds.backward;
+  const double predicted_seconds =
+    split ? seconds[c].input : seconds[c].backward;
   r.backward_seconds +=
-    timed_op(split ? "backward_input" : "backward", kind, mb,
-             charged(predicted_seconds, cmd.step, kind, mb), ctx, [&] {
-               if (setup_.assignment.recompute) {
+    timed_op(split ? "backward_input" : "backward", kind, x,
+             charged(predicted_seconds, cmd.step, kind, x.micro_batch, x.chunk),
+             ctx, [&] {
+               if (setup_.chunks[c].recompute) {
                  devices::compute_scope scope(*device_);
-                 ctx.output[i] = stage_->forward(ctx.input[i], ctx.batch[i]);
+                 ctx.output[i] = chunk.forward(ctx.input[i], ctx.batch[i]);
                }
                const at::Tensor gradient =
-                 stage_->has_head() ? at::Tensor() : ctx.grad[i];
+                 chunk.has_head() ? at::Tensor() : ctx.grad[i];
                if (split) {
                  // B: the input gradients; the weight gradients wait for W
                  // (model/split_backward.hpp).
                  std::vector<at::Tensor> parameters;
-                 for (const auto& l : stage_->layers())
+                 for (const auto& l : chunk.layers())
                    for (const auto& p : l->parameters())
                      parameters.push_back(p.value);
                  auto [input_grad, weight_work] =
@@ -128,64 +166,75 @@ void stage_worker::backward_op(int mb, bool split, const step_command& cmd,
              });
 }
 
-void stage_worker::weight_op(int mb, const step_command& cmd,
-                             const op_seconds& seconds, op_context& ctx,
-                             chip_step_report& r) {
-  const auto i = static_cast<std::size_t>(mb);
-  r.backward_seconds += timed_op(
-    "backward_weight", recorded_op::backward_weight, mb,
-    charged(seconds.weight, cmd.step, recorded_op::backward_weight, mb), ctx,
-    [&] {
-      // W: the weight gradients B left, from the gradients it captured;
-      // bitwise those of the fused backward.
-      ctx.weight_work[i].run();
-    });
+void stage_worker::weight_op(const scheduler::op& x, const step_command& cmd,
+                             const std::vector<op_seconds>& seconds,
+                             op_context& ctx, chip_step_report& r) {
+  const std::size_t c = local_chunk(x.chunk);
+  const std::size_t i = ctx.slot(c, x.micro_batch);
+  r.backward_seconds +=
+    timed_op("backward_weight", recorded_op::backward_weight, x,
+             charged(seconds[c].weight, cmd.step, recorded_op::backward_weight,
+                     x.micro_batch, x.chunk),
+             ctx, [&] {
+               // W: the weight gradients B left, from the gradients it
+               // captured; bitwise those of the fused backward.
+               ctx.weight_work[i].run();
+             });
+}
+
+const chip_id& stage_worker::chip_of_chunk(int chunk) const {
+  H2_ENFORCE(chunk >= 0 && chunk < static_cast<int>(setup_.chunk_chips.size()),
+             "chunk ", chunk, " of ", setup_.chunk_chips.size());
+  return setup_.chunk_chips[static_cast<std::size_t>(chunk)];
 }
 
 void stage_worker::run_op(const scheduler::op& x, const step_command& cmd,
-                          const op_seconds& seconds, op_context& ctx,
-                          chip_step_report& r) {
+                          const std::vector<op_seconds>& seconds,
+                          op_context& ctx, chip_step_report& r) {
   const int mb = x.micro_batch;
-  const auto i = static_cast<std::size_t>(mb);
   switch (x.kind) {
     case op_kind::recv_forward: {
       auto t =
-        receive(*setup_.prev,
+        receive(chip_of_chunk(x.chunk - 1),
                 make_tag(tag_kind::activation, cmd.step, mb, x.chunk), ctx, mb);
       t.set_requires_grad(true);
-      ctx.input[i] = t;
+      ctx.input[ctx.slot(local_chunk(x.chunk), mb)] = t;
       return;
     }
     case op_kind::forward:
-      forward_op(mb, cmd, seconds, ctx, r);
+      forward_op(x, cmd, seconds, ctx, r);
       return;
-    case op_kind::send_forward:
-      send(*setup_.next,
+    case op_kind::send_forward: {
+      const std::size_t c = local_chunk(x.chunk);
+      auto& out = ctx.output[ctx.slot(c, mb)];
+      send(chip_of_chunk(x.chunk + 1),
            make_tag(tag_kind::activation, cmd.step, mb, x.chunk + 1),
-           ctx.output[i].detach());
-      if (setup_.assignment.recompute)
-        ctx.output[i] = at::Tensor(); // recomputed in the backward
+           out.detach());
+      if (setup_.chunks[c].recompute)
+        out = at::Tensor(); // recomputed in the backward
       return;
+    }
     case op_kind::recv_backward:
-      ctx.grad[i] =
-        receive(*setup_.next,
+      ctx.grad[ctx.slot(local_chunk(x.chunk), mb)] =
+        receive(chip_of_chunk(x.chunk + 1),
                 make_tag(tag_kind::gradient, cmd.step, mb, x.chunk), ctx, mb);
       return;
     case op_kind::backward:
-      backward_op(mb, false, cmd, seconds, ctx, r);
+      backward_op(x, false, cmd, seconds, ctx, r);
       return;
     case op_kind::backward_input:
-      backward_op(mb, true, cmd, seconds, ctx, r);
+      backward_op(x, true, cmd, seconds, ctx, r);
       return;
     case op_kind::backward_weight:
-      weight_op(mb, cmd, seconds, ctx, r);
+      weight_op(x, cmd, seconds, ctx, r);
       return;
-    case op_kind::send_backward:
-      send(*setup_.prev,
-           make_tag(tag_kind::gradient, cmd.step, mb, x.chunk - 1),
-           ctx.input_grad[i]);
-      ctx.input_grad[i] = at::Tensor();
+    case op_kind::send_backward: {
+      auto& g = ctx.input_grad[ctx.slot(local_chunk(x.chunk), mb)];
+      send(chip_of_chunk(x.chunk - 1),
+           make_tag(tag_kind::gradient, cmd.step, mb, x.chunk - 1), g);
+      g = at::Tensor();
       return;
+    }
   }
   H2_ENFORCE(false, "unknown op_kind ", static_cast<int>(x.kind));
 }
@@ -196,16 +245,17 @@ chip_step_report stage_worker::run_step(const step_command& cmd) {
     auto& clock = device_->clock();
     clock.advance_virtual_to(cmd.virtual_barrier);
     device_->reset_peak();
-    stage_->zero_grad();
+    for (auto& c : chunks_)
+      c->zero_grad();
     chip_step_report r;
     r.chip = device_->id();
     r.replica = setup_.replica;
     r.stage = setup_.stage;
-    r.first_layer = setup_.assignment.first_layer;
+    r.first_layer = setup_.first_layer();
     r.start = clocks();
     auto traffic_before = traffic_of(setup_);
-    op_context ctx(setup_.micro_batches);
-    const op_seconds seconds = emulated_op_seconds();
+    op_context ctx(chunks_.size(), setup_.micro_batches);
+    const auto seconds = emulated_op_seconds();
     for (const auto& x :
          schedule_.ops[static_cast<std::size_t>(setup_.stage)]) {
       check_cancelled();
@@ -213,8 +263,10 @@ chip_step_report stage_worker::run_step(const step_command& cmd) {
     }
     reduce_gradients(cmd.step, ctx);
     r.phase_end = clocks();
-    for (const auto& l : stage_->layers())
+    for (const auto* l : layers_) {
+      r.layer_ids.push_back(l->index());
       r.layer_squared_norms.push_back(model::squared_grad_norm(*l));
+    }
     r.idle_seconds = ctx.idle_seconds;
     r.memory = memory_now();
     r.traffic = traffic_of(setup_);
@@ -244,46 +296,53 @@ chip_eval_report stage_worker::run_eval(const eval_command& cmd) {
     const int size = setup_.micro_batch_size;
     const int total = m * job.train.eval_batches;
     const double scale = loss_scale_ / job.train.eval_batches;
-    auto ops = scheduler::make_forward_schedule(setup_.stages, total)
+    auto ops = scheduler::make_forward_schedule(setup_.layout, total)
                  .ops[static_cast<std::size_t>(setup_.stage)];
-    op_context ctx(total);
+    op_context ctx(chunks_.size(), total);
     at::NoGradGuard no_grad;
     chip_eval_report r;
     r.chip = device_->id();
-    const double forward_emulated = layer_seconds(devices::pass::forward);
     for (const auto& op : ops) {
       const int mb = op.micro_batch;
-      const auto i = static_cast<std::size_t>(mb);
+      const std::size_t c = local_chunk(op.chunk);
+      const std::size_t i = ctx.slot(c, mb);
       check_cancelled();
       switch (op.kind) {
         case op_kind::recv_forward:
           ctx.input[i] =
-            receive(*setup_.prev,
+            receive(chip_of_chunk(op.chunk - 1),
                     make_tag(tag_kind::eval_activation, cmd.step, mb, op.chunk),
                     ctx, mb);
           break;
         case op_kind::forward: {
+          model::stage& chunk = *chunks_[c];
+          if (chunk_here(op.chunk - 1)) {
+            auto& prev = ctx.output[ctx.slot(c - 1, mb)];
+            ctx.input[i] = prev;
+            prev = at::Tensor();
+          }
           model::micro_batch batch;
-          if (data_)
+          if (chunk.has_embedding() || chunk.has_head())
             batch = load_batch(model::split::validation, mb / m,
                                setup_.first_sequence + (mb % m) * size, scale);
           double w0 = clock.wall_now();
           {
             devices::compute_scope scope(*device_);
-            ctx.output[i] = stage_->forward(ctx.input[i], batch);
+            ctx.output[i] = chunk.forward(ctx.input[i], batch);
           }
           ctx.input[i] = at::Tensor();
           device_->synchronize();
           device_->complete_op(
-            w0, charged(forward_emulated, cmd.step, recorded_op::forward, mb));
-          if (stage_->has_head()) {
+            w0, charged(layer_seconds(c, devices::pass::forward), cmd.step,
+                        recorded_op::forward, mb, op.chunk));
+          if (chunk.has_head()) {
             r.loss += ctx.output[i].item<double>();
             ctx.output[i] = at::Tensor();
           }
           break;
         }
         case op_kind::send_forward:
-          send(*setup_.next,
+          send(chip_of_chunk(op.chunk + 1),
                make_tag(tag_kind::eval_activation, cmd.step, mb, op.chunk + 1),
                ctx.output[i]);
           ctx.output[i] = at::Tensor();

@@ -10,21 +10,22 @@
 namespace h2::runtime {
 
 double grad_norm_of(const std::vector<chip_step_report>& steps) {
-  // (replica, first layer) orders the stages as the single model's layers.
-  // After the all-reduce every replica holds the same gradient: replica 0's
-  // layers are the whole model.
-  std::vector<const chip_step_report*> order;
+  // Summed in layer order, as the single model sums them. After the
+  // all-reduce every replica holds the same gradient: replica 0's layers
+  // are the whole model.
+  std::vector<std::pair<std::int32_t, double>> layers;
   for (const auto& r : steps)
-    if (r.replica == 0)
-      order.push_back(&r);
-  std::sort(order.begin(), order.end(), [](auto* a, auto* b) {
-    return std::pair(a->replica, a->first_layer) <
-           std::pair(b->replica, b->first_layer);
-  });
+    if (r.replica == 0) {
+      H2_ENFORCE(r.layer_ids.size() == r.layer_squared_norms.size(), "chip ",
+                 r.chip.to_string(), ": ", r.layer_ids.size(),
+                 " layer ids for ", r.layer_squared_norms.size(), " norms");
+      for (std::size_t i = 0; i < r.layer_ids.size(); ++i)
+        layers.emplace_back(r.layer_ids[i], r.layer_squared_norms[i]);
+    }
+  std::sort(layers.begin(), layers.end());
   double sum = 0;
-  for (const auto* r : order)
-    for (double s : r->layer_squared_norms)
-      sum += s;
+  for (const auto& [layer, s] : layers)
+    sum += s;
   return std::sqrt(sum);
 }
 

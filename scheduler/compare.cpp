@@ -26,8 +26,9 @@ comparison compare_with_baselines(const job_config& job,
                   std::to_string(job.train.micro_batch) + ")";
   out.even.chips = static_cast<int>(chips.size());
   out.even.global_batch = job.train.global_batch;
-  if (static_cast<int>(chips.size()) > job.model.num_layers()) {
-    out.even.why_not = "more chips than layers";
+  if (static_cast<int>(chips.size()) * job.plan.chunks_per_chip >
+      job.model.num_layers()) {
+    out.even.why_not = "more chunks than layers";
   } else {
     out.even.value = even_plan(job, planned_chips);
     auto r = pl.evaluate(out.even.value);

@@ -2,6 +2,8 @@
 
 #include "h2/core/error.hpp"
 
+#include <algorithm>
+
 namespace h2::scheduler {
 
 std::vector<int> even_split(int layers, int stages) {
@@ -21,7 +23,8 @@ plan make_plan(const job_config& job) {
                        "(scheduler::plan_auto, apps::plan_job), not by "
                        "make_plan; or run h2-plan JOB --json > plan.json "
                        "and h2-launch JOB --plan plan.json");
-  const int stages = static_cast<int>(pc.stages.size());
+  const auto chips = pc.stages.size();
+  const int stages = static_cast<int>(chips) * pc.chunks_per_chip;
   std::vector<int> counts = pc.mode == plan_mode::manual
                               ? pc.layers
                               : even_split(job.model.num_layers(), stages);
@@ -33,7 +36,7 @@ plan make_plan(const job_config& job) {
   int next = 0;
   for (int s = 0; s < stages; ++s) {
     stage_plan sp;
-    sp.chip = pc.stages[static_cast<std::size_t>(s)];
+    sp.chip = pc.stages[static_cast<std::size_t>(s) % chips]; // dealt
     sp.first_layer = next;
     sp.end_layer = next += counts[static_cast<std::size_t>(s)];
     sp.recompute =
@@ -42,22 +45,102 @@ plan make_plan(const job_config& job) {
   }
   p.replicas.push_back(std::move(r));
   validate_plan(p, job, "plan");
+  check_plan_layout(p, "plan");
   return p;
+}
+
+std::optional<plan> deal_chunks(const plan& p, int v) {
+  H2_ENFORCE(v >= 1, "v=", v);
+  plan out = p;
+  for (auto& r : out.replicas) {
+    H2_ENFORCE(replica_chips(r).size() == r.stages.size(),
+               "deal_chunks needs one stage per chip");
+    const int chips = static_cast<int>(r.stages.size());
+    if (chips < 2 || r.stages.back().end_layer < chips * v)
+      return std::nullopt; // one chip, or fewer layers than chunks
+    // Only each chip's count of layers matters once they are dealt: lift
+    // chips below v with layers of the chip holding the most.
+    std::vector<int> counts;
+    for (const auto& st : r.stages)
+      counts.push_back(st.num_layers());
+    for (auto& n : counts)
+      while (n < v) {
+        ++n;
+        --*std::max_element(counts.begin(), counts.end());
+      }
+    std::vector<std::vector<int>> split;
+    for (int n : counts)
+      split.push_back(even_split(n, v));
+    std::vector<stage_plan> dealt;
+    int next = 0;
+    for (int round = 0; round < v; ++round)
+      for (std::size_t k = 0; k < r.stages.size(); ++k) {
+        stage_plan sp = r.stages[k];
+        sp.first_layer = next;
+        sp.end_layer = next += split[k][static_cast<std::size_t>(round)];
+        dealt.push_back(sp);
+      }
+    r.stages = std::move(dealt);
+  }
+  return out;
+}
+
+std::optional<plan> move_layer(const plan& p, int replica, int from, int to) {
+  plan out = p;
+  auto& stages = out.replicas[static_cast<std::size_t>(replica)].stages;
+  auto& a = stages[static_cast<std::size_t>(from)];
+  auto& b = stages[static_cast<std::size_t>(to)];
+  if (from == to || a.num_layers() < 2)
+    return std::nullopt;
+  --a.end_layer;
+  ++b.end_layer;
+  int next = 0;
+  for (auto& st : stages) { // contiguous again, counts kept
+    const int n = st.num_layers();
+    st.first_layer = next;
+    st.end_layer = next += n;
+  }
+  return out;
+}
+
+int chunks_per_chip(const plan& p) {
+  H2_ENFORCE(!p.replicas.empty(), "a plan without replicas");
+  const auto& r = p.replicas.front();
+  return static_cast<int>(r.stages.size() / replica_chips(r).size());
+}
+
+pipeline_layout layout_of(const replica_plan& r) {
+  pipeline_layout out;
+  out.chips = static_cast<int>(replica_chips(r).size());
+  out.chunk_chip = stage_positions(r);
+  return out;
+}
+
+void check_plan_layout(const plan& p, const std::string& origin) {
+  for (std::size_t ri = 0; ri < p.replicas.size(); ++ri) {
+    const auto& r = p.replicas[ri];
+    const auto why = layout_problem(p.schedule, layout_of(r), r.micro_batches);
+    if (!why.empty())
+      throw config_error(
+        origin + ".replicas[" + std::to_string(ri) + "].stages", why);
+  }
 }
 
 plan even_plan(const job_config& job, const std::vector<chip_id>& chips) {
   if (chips.empty())
     throw config_error("plan.stages", "no chips for an even plan");
-  if (static_cast<int>(chips.size()) > job.model.num_layers())
+  if (static_cast<int>(chips.size()) * job.plan.chunks_per_chip >
+      job.model.num_layers())
     throw config_error("plan.stages",
-                       std::to_string(chips.size()) +
-                         " chips for an even plan but the model has only " +
+                       std::to_string(chips.size()) + " chips x " +
+                         std::to_string(job.plan.chunks_per_chip) +
+                         " chunks for an even plan but the model has only " +
                          std::to_string(job.model.num_layers()) + " layers");
   job_config even = job;
   even.plan.mode = plan_mode::even;
   even.plan.stages = chips;
   even.plan.layers.clear();
-  even.plan.recompute.assign(chips.size(), false);
+  even.plan.recompute.assign(chips.size() * even.plan.chunks_per_chip, false);
   return make_plan(even);
 }
 

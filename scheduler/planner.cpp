@@ -112,6 +112,7 @@ planner::impl::simulator_input planner::impl::pipelines_of(const plan& p) {
     simulated_pipeline sp;
     sp.kind = p.schedule;
     sp.micro_batches = rep.micro_batches;
+    sp.layout = layout_of(rep);
     const std::size_t n = rep.stages.size();
     for (std::size_t s = 0; s < n; ++s) {
       const auto& st = rep.stages[s];
@@ -129,10 +130,11 @@ planner::impl::simulator_input planner::impl::pipelines_of(const plan& p) {
       x.working_bytes = c.working_bytes;
       x.optimizer_working_bytes = c.optimizer_working_bytes;
       x.capacity_bytes = costs.capacity_bytes(chip);
-      if (s > 0)
+      // Between chunks of one chip nothing crosses a link.
+      if (s > 0 && rep.stages[s - 1].chip != st.chip)
         x.activation_link_seconds = costs.boundary_seconds(
           *chip_of(rep.stages[s - 1].chip), chip, rep.micro_batch_size);
-      if (s + 1 < n)
+      if (s + 1 < n && rep.stages[s + 1].chip != st.chip)
         x.gradient_link_seconds = costs.boundary_seconds(
           *chip_of(rep.stages[s + 1].chip), chip, rep.micro_batch_size);
       sp.stages.push_back(x);
@@ -145,15 +147,12 @@ planner::impl::simulator_input planner::impl::pipelines_of(const plan& p) {
     simulated_reduction red;
     std::vector<const chip_spec*> ring;
     for (std::size_t r = 0; r < group.members.size(); ++r) {
-      const auto& stages = p.replicas[r].stages;
-      const auto held =
-        std::find_if(stages.begin(), stages.end(), [&](const stage_plan& st) {
-          return st.chip == group.members[r];
-        });
-      H2_ENFORCE(held != stages.end(), "reduction group member ",
-                 group.members[r].to_string(), " is no stage of replica ", r);
+      const auto chips = replica_chips(p.replicas[r]);
+      const auto held = std::find(chips.begin(), chips.end(), group.members[r]);
+      H2_ENFORCE(held != chips.end(), "reduction group member ",
+                 group.members[r].to_string(), " is no chip of replica ", r);
       red.members.emplace_back(static_cast<int>(r),
-                               static_cast<int>(held - stages.begin()));
+                               static_cast<int>(held - chips.begin()));
       ring.push_back(chip_of(group.members[r]));
     }
     red.seconds =
@@ -189,9 +188,10 @@ plan_report planner::impl::report_of(const plan& p, simulation sim) {
     replica_prediction pr;
     pr.micro_batch_size = rp.micro_batch_size;
     pr.micro_batches = rp.micro_batches;
+    const auto positions = stage_positions(rp); // the simulation's chips
     for (std::size_t s = 0; s < rp.stages.size(); ++s) {
       const auto& st = rp.stages[s];
-      const auto& o = sim.replicas[r][s];
+      const auto& o = sim.replicas[r][static_cast<std::size_t>(positions[s])];
       const chip_spec& chip = *job->find_chip(st.chip);
       stage_prediction sp;
       sp.chip = st.chip;

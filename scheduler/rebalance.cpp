@@ -2,6 +2,7 @@
 #include "h2/scheduler/rebalance.hpp"
 
 #include "h2/core/error.hpp"
+#include "h2/scheduler/plan_builder.hpp"
 #include "h2/scheduler/schedule.hpp"
 
 #include <algorithm>
@@ -32,15 +33,24 @@ bool usable(double observed, double predicted) {
          std::isfinite(predicted);
 }
 
-/// Where `chip` runs in `p`: (replica, stage), or (-1, -1).
-std::pair<int, int> stage_of(const plan& p, const chip_id& chip) {
-  for (std::size_t r = 0; r < p.replicas.size(); ++r) {
+/// Where `chip` runs in `p`: its replica and the stages (chunks) it holds
+/// there, in pipeline order; replica -1 when it runs none.
+struct chip_place {
+  int replica = -1;
+  std::vector<int> stages;
+};
+
+chip_place place_of(const plan& p, const chip_id& chip) {
+  chip_place out;
+  for (std::size_t r = 0; r < p.replicas.size() && out.replica < 0; ++r) {
     const auto& stages = p.replicas[r].stages;
     for (std::size_t s = 0; s < stages.size(); ++s)
-      if (stages[s].chip == chip)
-        return {static_cast<int>(r), static_cast<int>(s)};
+      if (stages[s].chip == chip) {
+        out.replica = static_cast<int>(r);
+        out.stages.push_back(static_cast<int>(s));
+      }
   }
-  return {-1, -1};
+  return out;
 }
 
 std::vector<chip_id> chips_of(const replica_plan& r) {
@@ -59,8 +69,11 @@ struct within_result {
 
 within_result search_within(const job_config& job, chip_measurements& m,
                             const plan& current, planner_options options) {
+  // Several chunks per chip (interleaved-1f1b): the chips' layers are
+  // searched as for 1F1B, then dealt into as many chunks as now.
+  const int v = chunks_per_chip(current);
   options.chips = plan_chips(current);
-  options.schedule = current.schedule;
+  options.schedule = v > 1 ? schedule_kind::one_f_one_b : current.schedule;
   options.suggest_changes = false;
   planner pl(job, m, options);
   const auto& chips = pl.chips();
@@ -77,8 +90,8 @@ within_result search_within(const job_config& job, chip_measurements& m,
     for (const auto& r : current.replicas) {
       std::vector<int> members;
       std::vector<std::pair<std::string, double>> signature;
-      for (const auto& st : r.stages) {
-        const int i = index.at(st.chip);
+      for (const auto& id : replica_chips(r)) {
+        const int i = index.at(id);
         members.push_back(i);
         const chip_spec& chip = *chips[static_cast<std::size_t>(i)];
         signature.emplace_back(chip_kind_key(chip),
@@ -112,16 +125,25 @@ within_result search_within(const job_config& job, chip_measurements& m,
     plan value = r.value;
     value.replicas.clear();
     for (const auto& cur : current.replicas) {
-      const auto want = chips_of(cur);
+      const auto want = replica_chips(cur);
       auto it = std::find_if(
         r.value.replicas.begin(), r.value.replicas.end(),
-        [&](const replica_plan& x) { return chips_of(x) == want; });
+        [&](const replica_plan& x) { return replica_chips(x) == want; });
       H2_ENFORCE(it != r.value.replicas.end(),
                  "stage 2 lost the replica of chip ", want.front().to_string());
       value.replicas.push_back(*it);
     }
-    plan_report report = pl.evaluate(value);
-    if (report.fits) {
+    std::optional<plan> dealt = value;
+    if (v > 1) {
+      dealt = deal_chunks(value, v);
+      if (dealt)
+        dealt->schedule = current.schedule;
+    }
+    plan_report report;
+    if (dealt)
+      report = pl.evaluate(*dealt);
+    if (dealt && report.fits) {
+      value = std::move(*dealt);
       planned p;
       p.value = std::move(value);
       p.report = std::move(report);
@@ -171,78 +193,104 @@ live_calibration::chip_state& live_calibration::state(const chip_id& chip) {
   return chips_.try_emplace(chip, smoothing_).first->second;
 }
 
+void live_calibration::add_compute(chip_state& cs, const chip_spec& spec,
+                                   const replica_plan& rep,
+                                   const std::vector<const stage_plan*>& chunks,
+                                   schedule_kind schedule,
+                                   const std::vector<layer_timing>& seen) {
+  const auto& cfg = job_->model;
+  double obs_f[3] = {0, 0, 0}, obs_b[3] = {0, 0, 0};
+  double pred_f[3] = {0, 0, 0}, pred_b[3] = {0, 0, 0};
+  bool ok = true;
+  std::size_t i = 0;
+  for (const auto* st : chunks)
+    for (int l = st->first_layer; l < st->end_layer; ++l, ++i) {
+      const layer_kind k = kind_of_layer(cfg, l);
+      const auto t = profiled().layer(spec, k, rep.micro_batch_size);
+      ok = ok && usable(seen[i].forward_seconds, 1) &&
+           usable(seen[i].backward_seconds, 1);
+      obs_f[kind_index(k)] += seen[i].forward_seconds;
+      obs_b[kind_index(k)] += seen[i].backward_seconds;
+      pred_f[kind_index(k)] += t.forward_seconds;
+      // The runtime's backward of a recomputing stage runs the forward
+      // again (docs/planner.md, "Cost model"); a split backward is B + W.
+      pred_b[kind_index(k)] +=
+        (splits_backward(schedule) ? t.input_seconds + t.weight_seconds
+                                   : t.backward_seconds) +
+        (st->recompute ? t.forward_seconds : 0.0);
+    }
+  if (!ok)
+    return;
+  double of = 0, ob = 0, pf = 0, pb = 0;
+  for (std::size_t k = 0; k < 3; ++k) {
+    if (pred_f[k] > 0)
+      cs.forward[k].add(obs_f[k] / pred_f[k]);
+    if (pred_b[k] > 0)
+      cs.backward[k].add(obs_b[k] / pred_b[k]);
+    of += obs_f[k];
+    ob += obs_b[k];
+    pf += pred_f[k];
+    pb += pred_b[k];
+  }
+  if (pf > 0)
+    cs.forward_all.add(of / pf);
+  if (pb > 0)
+    cs.backward_all.add(ob / pb);
+  if (pf + pb > 0)
+    cs.compute.add((of + ob) / (pf + pb));
+}
+
 void live_calibration::add(const plan& current,
                            const step_observations& observations) {
   ++steps_;
   const auto& cfg = job_->model;
   for (const auto& o : observations.chips) {
-    const auto [r, s] = stage_of(current, o.chip);
-    H2_ENFORCE(r >= 0, "step ", observations.step, ": chip ",
+    const auto place = place_of(current, o.chip);
+    H2_ENFORCE(place.replica >= 0, "step ", observations.step, ": chip ",
                o.chip.to_string(), " runs no stage of the current plan");
-    const auto& rep = current.replicas[static_cast<std::size_t>(r)];
-    const auto& st = rep.stages[static_cast<std::size_t>(s)];
+    const auto& rep = current.replicas[static_cast<std::size_t>(place.replica)];
+    std::vector<const stage_plan*> chunks;
+    int layers = 0;
+    for (int s : place.stages) {
+      chunks.push_back(&rep.stages[static_cast<std::size_t>(s)]);
+      layers += chunks.back()->num_layers();
+    }
     const chip_spec* spec = job_->find_chip(o.chip);
     H2_ENFORCE(spec != nullptr, "no chip ", o.chip.to_string());
     chip_state& cs = state(o.chip);
     if (!o.layers.empty()) {
-      H2_ENFORCE(static_cast<int>(o.layers.size()) == st.num_layers(), "step ",
+      H2_ENFORCE(static_cast<int>(o.layers.size()) == layers, "step ",
                  observations.step, ": chip ", o.chip.to_string(), " reports ",
-                 o.layers.size(), " layers, its stage holds ", st.num_layers());
-      double obs_f[3] = {0, 0, 0}, obs_b[3] = {0, 0, 0};
-      double pred_f[3] = {0, 0, 0}, pred_b[3] = {0, 0, 0};
-      bool ok = true;
-      for (int i = 0; i < st.num_layers(); ++i) {
-        const layer_kind k = kind_of_layer(cfg, st.first_layer + i);
-        const auto t = profiled().layer(*spec, k, rep.micro_batch_size);
-        const auto& seen = o.layers[static_cast<std::size_t>(i)];
-        ok = ok && usable(seen.forward_seconds, 1) &&
-             usable(seen.backward_seconds, 1);
-        obs_f[kind_index(k)] += seen.forward_seconds;
-        obs_b[kind_index(k)] += seen.backward_seconds;
-        pred_f[kind_index(k)] += t.forward_seconds;
-        // The runtime's backward of a recomputing stage runs the forward
-        // again (docs/planner.md, "Cost model"); a split backward is B + W.
-        pred_b[kind_index(k)] +=
-          (splits_backward(current.schedule)
-             ? t.input_seconds + t.weight_seconds
-             : t.backward_seconds) +
-          (st.recompute ? t.forward_seconds : 0.0);
-      }
-      if (ok) {
-        double of = 0, ob = 0, pf = 0, pb = 0;
-        for (std::size_t k = 0; k < 3; ++k) {
-          if (pred_f[k] > 0)
-            cs.forward[k].add(obs_f[k] / pred_f[k]);
-          if (pred_b[k] > 0)
-            cs.backward[k].add(obs_b[k] / pred_b[k]);
-          of += obs_f[k];
-          ob += obs_b[k];
-          pf += pred_f[k];
-          pb += pred_b[k];
-        }
-        if (pf > 0)
-          cs.forward_all.add(of / pf);
-        if (pb > 0)
-          cs.backward_all.add(ob / pb);
-        if (pf + pb > 0)
-          cs.compute.add((of + ob) / (pf + pb));
-      }
+                 o.layers.size(), " layers, its stages hold ", layers);
+      add_compute(cs, *spec, rep, chunks, current.schedule, o.layers);
     }
     if (o.optimizer_seconds > 0) {
       double predicted = 0;
-      for (int l = st.first_layer; l < st.end_layer; ++l)
-        predicted += profiled().optimizer(*spec, kind_of_layer(cfg, l));
+      for (const auto* st : chunks)
+        for (int l = st->first_layer; l < st->end_layer; ++l)
+          predicted += profiled().optimizer(*spec, kind_of_layer(cfg, l));
       if (usable(o.optimizer_seconds, predicted))
         cs.optimizer.add(o.optimizer_seconds / predicted);
     }
     if (o.peak_bytes > 0) {
-      const int stages = static_cast<int>(rep.stages.size());
+      // The simulator's peak of the chip's chunks (simulator.hpp): their
+      // static bytes, the in-flight activations of the heaviest chunk.
+      const auto layout = layout_of(rep);
+      const int position =
+        layout.chunk_chip[static_cast<std::size_t>(place.stages.front())];
+      const int in_flight =
+        in_flight_bound(current.schedule, layout, position, rep.micro_batches);
+      double static_bytes = 0, held = 0, working = 0, optimizer = 0;
+      for (const auto* st : chunks) {
+        const auto c = costs_.stage(*spec, st->first_layer, st->end_layer,
+                                    rep.micro_batch_size, st->recompute);
+        static_bytes += c.static_bytes;
+        held = std::max(held, c.held_bytes);
+        working = std::max(working, c.working_bytes);
+        optimizer = std::max(optimizer, c.optimizer_working_bytes);
+      }
       const double predicted =
-        costs_
-          .stage(*spec, st.first_layer, st.end_layer, rep.micro_batch_size,
-                 st.recompute)
-          .peak_bytes(
-            in_flight_bound(current.schedule, stages, s, rep.micro_batches));
+        static_bytes + std::max(held * in_flight + working, optimizer);
       if (usable(o.peak_bytes, predicted)) {
         cs.memory.add(o.peak_bytes / predicted);
         cs.peak_bytes.add(o.peak_bytes);

@@ -108,6 +108,8 @@ chips = [)";
          << "{device = \"emulated:uniform\", dtype = "
             "\"fp32\"}";
   toml << "]\n[plan]\nschedule = \"" << schedule << "\"\n";
+  if (schedule == "interleaved-1f1b") // a chunk per layer
+    toml << "chunks_per_chip = 3\n";
   return toml.str();
 }
 
@@ -127,14 +129,16 @@ TEST_P(actors_emulation_theory, step_time_and_bubble_match_the_schedule) {
   run_job(job, obs);
   ASSERT_EQ(obs.steps.size(), 1u);
   const auto& s = obs.steps[0];
-  // Even plan: 3 layers per stage; every op of a stage (forward, backward,
+  // Even plan: 3 layers per chip; every op of a chip (forward, backward,
   // B, W, update) is 3 ops of 1 ms. So F = B (fused) under GPipe and 1F1B,
   // and F = B = W under ZB-H1: the premises of the textbook bubbles.
+  // Interleaved: 3 chunks of one layer per chip, each op 1 ms.
   const double unit = 3e-3;
   const auto kind = *parse_schedule_kind(c.schedule);
   const int p = c.stages, m = c.micro_batches;
+  const int v = kind == schedule_kind::interleaved_1f1b ? 3 : 1;
   const double busy = m * unit * (scheduler::splits_backward(kind) ? 3 : 2);
-  const double bubble = scheduler::theoretical_bubble(kind, p, m);
+  const double bubble = scheduler::theoretical_bubble(kind, p, m, v);
   const double pipeline = busy / (1 - bubble);
   EXPECT_NEAR(s.pipeline_seconds, pipeline, 1e-12);
   EXPECT_NEAR(s.step_seconds, pipeline + unit, 1e-12);
@@ -164,7 +168,9 @@ INSTANTIATE_TEST_SUITE_P(
                     theory_case{4, 1, "1f1b"}, theory_case{2, 4, "gpipe"},
                     theory_case{4, 8, "gpipe"}, theory_case{3, 5, "gpipe"},
                     theory_case{2, 4, "zb-h1"}, theory_case{3, 5, "zb-h1"},
-                    theory_case{4, 8, "zb-h1"}, theory_case{4, 8, "zb-hetero"}),
+                    theory_case{4, 8, "zb-h1"}, theory_case{4, 8, "zb-hetero"},
+                    theory_case{2, 4, "interleaved-1f1b"},
+                    theory_case{4, 8, "interleaved-1f1b"}),
   theory_name);
 
 TEST(actors_emulation, stage_past_its_memory_cap_fails_naming_the_chip) {

@@ -36,6 +36,8 @@ chips = [)";
   for (int s = 0; s < stages; ++s)
     toml << (s ? ", " : "") << "\"0:" << s << "\"";
   toml << "]\nlayers = " << layers << "\n";
+  if (schedule == "interleaved-1f1b") // `stages` chips of two chunks each
+    toml << "chunks_per_chip = 2\n";
   if (!recompute.empty())
     toml << "recompute = " << recompute << "\n";
   return toml.str();
@@ -95,21 +97,25 @@ TEST_P(actors_exactness, pipeline_equals_single_chip_bitwise) {
 
 INSTANTIATE_TEST_SUITE_P(
   schedules_and_partitions, actors_exactness,
-  ::testing::Values(exact_case{1, "[6]", "gpipe", ""},
-                    exact_case{1, "[6]", "1f1b", ""},
-                    exact_case{2, "[4, 2]", "gpipe", ""},
-                    exact_case{2, "[4, 2]", "1f1b", ""},
-                    exact_case{3, "[1, 3, 2]", "gpipe", ""},
-                    exact_case{3, "[1, 3, 2]", "1f1b", ""},
-                    exact_case{4, "[2, 1, 1, 2]", "gpipe", ""},
-                    exact_case{4, "[2, 1, 1, 2]", "1f1b", ""},
-                    exact_case{3, "[2, 1, 3]", "1f1b", "[true, false, true]"},
-                    exact_case{1, "[6]", "zb-h1", ""},
-                    exact_case{2, "[4, 2]", "zb-h1", ""},
-                    exact_case{3, "[1, 3, 2]", "zb-h1", ""},
-                    exact_case{4, "[2, 1, 1, 2]", "zb-h1", ""},
-                    exact_case{3, "[2, 1, 3]", "zb-h1", "[true, false, true]"},
-                    exact_case{4, "[2, 1, 1, 2]", "zb-hetero", ""}),
+  ::testing::Values(
+    exact_case{1, "[6]", "gpipe", ""}, exact_case{1, "[6]", "1f1b", ""},
+    exact_case{2, "[4, 2]", "gpipe", ""}, exact_case{2, "[4, 2]", "1f1b", ""},
+    exact_case{3, "[1, 3, 2]", "gpipe", ""},
+    exact_case{3, "[1, 3, 2]", "1f1b", ""},
+    exact_case{4, "[2, 1, 1, 2]", "gpipe", ""},
+    exact_case{4, "[2, 1, 1, 2]", "1f1b", ""},
+    exact_case{3, "[2, 1, 3]", "1f1b", "[true, false, true]"},
+    exact_case{1, "[6]", "zb-h1", ""}, exact_case{2, "[4, 2]", "zb-h1", ""},
+    exact_case{3, "[1, 3, 2]", "zb-h1", ""},
+    exact_case{4, "[2, 1, 1, 2]", "zb-h1", ""},
+    exact_case{3, "[2, 1, 3]", "zb-h1", "[true, false, true]"},
+    exact_case{4, "[2, 1, 1, 2]", "zb-hetero", ""},
+    // Chips of two chunks each, dealt: chip 0 holds
+    // chunks 0 and 2, chip 1 chunks 1 and 3, ...
+    exact_case{2, "[2, 1, 1, 2]", "interleaved-1f1b", ""},
+    exact_case{3, "[1, 1, 1, 1, 1, 1]", "interleaved-1f1b", ""},
+    exact_case{2, "[1, 2, 2, 1]", "interleaved-1f1b",
+               "[true, false, false, true]"}),
   case_name);
 
 // bf16 chips (stages 1 and 3 of 4) against the fp32 single-chip reference.

@@ -45,13 +45,20 @@ inline reference_result train_reference(const job_config& job,
                                         schedule_kind kind, int stages) {
   at::set_num_threads(1);
   const int m = job.train.global_batch / job.train.micro_batch;
-  // Every stage of GPipe, 1F1B and ZB-H1 accumulates its weight gradients
-  // in the same order (fused backwards, or W); take the first stage's.
+  // Every chunk of GPipe, 1F1B, interleaved 1F1B and ZB-H1 accumulates its
+  // weight gradients in the same order (fused backwards, or W); take the
+  // first chunk's. `stages` counts chips (of job.plan.chunks_per_chip
+  // chunks each).
   std::vector<int> order;
-  const auto schedule = scheduler::make_schedule(kind, stages, m);
+  const auto schedule = scheduler::make_schedule(
+    kind,
+    scheduler::pipeline_layout::dealt(std::vector<int>(
+      static_cast<std::size_t>(stages),
+      kind == schedule_kind::interleaved_1f1b ? job.plan.chunks_per_chip : 1)),
+    m);
   for (const auto& op : schedule.ops[0])
-    if (op.kind == scheduler::op_kind::backward ||
-        op.kind == scheduler::op_kind::backward_weight)
+    if (op.chunk == 0 && (op.kind == scheduler::op_kind::backward ||
+                          op.kind == scheduler::op_kind::backward_weight))
       order.push_back(op.micro_batch);
   model::single_chip_trainer trainer(job);
   reference_result out;

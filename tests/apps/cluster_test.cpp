@@ -49,6 +49,23 @@ protected:
     return r;
   }
 
+  /// Trains `job` under `plan` for 4 steps on `nodes` h2-node processes
+  /// ("1": one process), exporting to NAME.safetensors and logging to
+  /// NAME.jsonl.
+  run_result train_plan(const std::filesystem::path& job,
+                        const std::filesystem::path& plan,
+                        const std::string& nodes, const std::string& name) {
+    std::vector<std::string> args = {
+      job.string(),  "--plan",
+      plan.string(), "--steps",
+      "4",           "--no-metrics",
+      "--export",    (dir_ / (name + ".safetensors")).string(),
+      "--json-log",  (dir_ / (name + ".jsonl")).string()};
+    if (nodes != "1")
+      args.insert(args.end(), {"--nodes", nodes});
+    return launch_ok(args);
+  }
+
   /// Starts the small job over two nodes with steps enough to train until
   /// stopped, no metrics, and a JSON log (steps_logged()).
   std::unique_ptr<child_process> start_endless_job_on_two_nodes() {
@@ -299,21 +316,9 @@ TEST_F(apps_cluster, replicas_on_two_nodes_equal_the_single_process_run) {
   auto plan = dir_.write("plan.json", two_replica_plan);
   auto zb = dir_.write("zb.json", replaced(two_replica_plan, "\"1f1b\"",
                                            "\"zb-h1\""));
-  auto run = [&](const std::filesystem::path& p, const std::string& nodes,
-                 const std::string& name) {
-    std::vector<std::string> args = {
-      job.string(), "--plan",
-      p.string(),   "--steps",
-      "4",          "--no-metrics",
-      "--export",   (dir_ / (name + ".safetensors")).string(),
-      "--json-log", (dir_ / (name + ".jsonl")).string()};
-    if (nodes != "1")
-      args.insert(args.end(), {"--nodes", nodes});
-    return launch_ok(args);
-  };
-  run(plan, "1", "1");
-  run(plan, "2", "2");
-  auto r = run(zb, "2", "zb");
+  train_plan(job, plan, "1", "1");
+  train_plan(job, plan, "2", "2");
+  auto r = train_plan(job, zb, "2", "zb");
   EXPECT_NE(r.out.find("zb-h1 schedule"), std::string::npos) << r.out;
   EXPECT_EQ(logged_losses(dir_ / "1.jsonl").size(), 4u);
   for (const char* name : {"2", "zb"}) {
@@ -324,6 +329,31 @@ TEST_F(apps_cluster, replicas_on_two_nodes_equal_the_single_process_run) {
                 read_text(dir_ / (std::string(name) + ".safetensors")))
       << name;
   }
+}
+
+TEST_F(apps_cluster, interleaved_chunks_across_nodes_equal_one_process) {
+  // interleaved-1f1b with two chunks on each of chips 0:0 and 1:0: every
+  // chunk's neighbours are on the other node, so each micro-batch crosses
+  // the nodes three times each way per step (plan format version 2).
+  auto job = dir_.write("job.toml", small_job);
+  auto plan = dir_.write("interleaved.json", R"({
+  "format": "h2-plan", "version": 2, "schedule": "interleaved-1f1b",
+  "replicas": [
+    {"micro_batch_size": 2, "micro_batches": 4,
+     "stages": [{"chip": "0:0", "layers": [0, 2]},
+                {"chip": "1:0", "layers": [2, 3]},
+                {"chip": "0:0", "layers": [3, 5]},
+                {"chip": "1:0", "layers": [5, 6]}]}
+  ]
+})");
+  auto one = train_plan(job, plan, "1", "1");
+  EXPECT_NE(one.out.find("interleaved-1f1b schedule"), std::string::npos)
+    << one.out;
+  train_plan(job, plan, "2", "2");
+  EXPECT_EQ(logged_losses(dir_ / "1.jsonl").size(), 4u);
+  EXPECT_EQ(logged_losses(dir_ / "1.jsonl"), logged_losses(dir_ / "2.jsonl"));
+  EXPECT_TRUE(read_text(dir_ / "1.safetensors") ==
+              read_text(dir_ / "2.safetensors"));
 }
 
 TEST_F(apps_cluster, killed_node_is_reported_by_every_survivor) {

@@ -243,13 +243,13 @@ INSTANTIATE_TEST_SUITE_P(
         return job_with(d, "[plan]", "[plan]", {"--schedule", "zb"});
       },
       "--schedule"},
-    bad_plan_case{
-      "schedule_not_runnable",
-      [](const scratch_dir& d) {
-        return job_with(d, "[plan]", "[plan]",
-                        {"--schedule", "interleaved-1f1b"});
-      },
-      "--schedule: interleaved-1f1b needs several chunks per chip"},
+    bad_plan_case{"chunks_without_interleaving",
+                  [](const scratch_dir& d) {
+                    return job_with(d, "[plan]", "[plan]\nchunks_per_chip = 3",
+                                    {});
+                  },
+                  "runs one chunk per chip; several need schedule = "
+                  "\"interleaved-1f1b\""},
     bad_plan_case{"unknown_flag",
                   [](const scratch_dir& d) {
                     return job_with(d, "[plan]", "[plan]", {"--frobnicate"});

@@ -49,7 +49,7 @@ TEST(core_plan, json_form) {
   json j = json::parse(to_json(sample_plan()));
   EXPECT_EQ(j["format"], "h2-plan");
   EXPECT_EQ(j["version"], plan::format_version);
-  EXPECT_EQ(j["version"], 1);
+  EXPECT_EQ(j["version"], 2);
   EXPECT_EQ(j["schedule"], "gpipe");
   ASSERT_EQ(j["replicas"].size(), 2u);
   EXPECT_EQ(j["replicas"][0]["micro_batch_size"], 2);
@@ -84,8 +84,16 @@ TEST(core_plan, from_json_errors_name_the_json_path) {
                   {"\"h2-plan\""});
   expect_rejected([](json& j) { j.erase("format"); }, "p.json.format",
                   {"missing"});
-  expect_rejected([](json& j) { j["version"] = 2; }, "p.json.version",
-                  {"version 2 is not supported", "version 1"});
+  expect_rejected([](json& j) { j["version"] = 3; }, "p.json.version",
+                  {"version 3 is not supported", "versions 1 to 2"});
+  expect_rejected(
+    [](json& j) {
+      j["version"] = 1; // a chip holding two stages needs version 2
+      j["replicas"][0]["stages"].push_back(
+        {{"chip", "0:0"}, {"layers", {4, 5}}});
+    },
+    "p.json.replicas[0].stages[2].chip",
+    {"chip 0:0 holds two stages", "version 1 plan"});
   expect_rejected([](json& j) { j["version"] = "1"; }, "p.json.version",
                   {"integer"});
   expect_rejected([](json& j) { j["schedule"] = "zb-v"; }, "p.json.schedule",
@@ -245,7 +253,30 @@ TEST(core_plan, validate_rejects_a_chip_used_twice) {
   p.replicas[1].stages[0].chip = chip_id{0, 1}; // also in replica 0
   expect_config_error([&] { validate_plan(p, job(), "plan"); },
                       "plan.replicas[1].stages[0].chip",
-                      {"chip 0:1 is used by two stages"});
+                      {"chip 0:1 serves two replicas"});
+  // Two neighbouring stages on one chip are one stage.
+  p = sample_plan();
+  p.replicas[1].stages[1].chip = chip_id{1, 0};
+  expect_config_error([&] { validate_plan(p, job(), "plan"); },
+                      "plan.replicas[1].stages[1].chip",
+                      {"chip 1:0 also holds the stage before"});
+}
+
+TEST(core_plan, version_1_files_are_read_and_chips_may_hold_chunks) {
+  // A version 1 file (one stage per chip) reads as the same plan.
+  json j = json::parse(to_json(sample_plan()));
+  j["version"] = 1;
+  EXPECT_EQ(plan_from_json(j.dump(), "v1.json"), sample_plan());
+  // Version 2: chip 1:0 holds stages 0 and 2 of replica 1 (chunks).
+  plan p = sample_plan();
+  p.replicas[1].stages[2].chip = chip_id{1, 0};
+  validate_plan(p, job(), "plan");
+  EXPECT_EQ(plan_from_json(to_json(p), "v2.json"), p);
+  EXPECT_EQ(replica_chips(p.replicas[1]),
+            (std::vector<chip_id>{{1, 0}, {1, 1}}));
+  EXPECT_EQ(stage_positions(p.replicas[1]), (std::vector<int>{0, 1, 0}));
+  EXPECT_EQ(plan_chips(p),
+            (std::vector<chip_id>{{0, 0}, {0, 1}, {1, 0}, {1, 1}}));
 }
 
 TEST(core_plan, validate_rejects_an_unknown_chip) {

@@ -105,19 +105,21 @@ public:
   void expect_on_their_chips(bool moments) const {
     for (const auto& w : workers_) {
       auto& device = w->device();
-      for (auto* p : w->stage().parameters()) {
-        SCOPED_TRACE(device.describe() + " " + p->name);
-        EXPECT_TRUE(device.holds(p->value));
-        EXPECT_EQ(p->value.device(), device.torch_device());
-        if (p->value.grad().defined()) {
-          EXPECT_TRUE(device.holds(p->value.grad()));
+      for (auto* l : w->layers())
+        for (auto& param : l->parameters()) {
+          const auto* p = &param;
+          SCOPED_TRACE(device.describe() + " " + p->name);
+          EXPECT_TRUE(device.holds(p->value));
+          EXPECT_EQ(p->value.device(), device.torch_device());
+          if (p->value.grad().defined()) {
+            EXPECT_TRUE(device.holds(p->value.grad()));
+          }
+          EXPECT_EQ(p->exp_avg.defined(), moments);
+          if (moments) {
+            EXPECT_TRUE(device.holds(p->exp_avg));
+            EXPECT_TRUE(device.holds(p->exp_avg_sq));
+          }
         }
-        EXPECT_EQ(p->exp_avg.defined(), moments);
-        if (moments) {
-          EXPECT_TRUE(device.holds(p->exp_avg));
-          EXPECT_TRUE(device.holds(p->exp_avg_sq));
-        }
-      }
     }
   }
 

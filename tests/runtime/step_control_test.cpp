@@ -24,6 +24,8 @@ chip_step_report norms(int replica, int first_layer, std::vector<double> sq,
   chip_step_report r;
   r.replica = replica;
   r.first_layer = first_layer;
+  for (std::size_t i = 0; i < sq.size(); ++i)
+    r.layer_ids.push_back(first_layer + static_cast<int>(i));
   r.layer_squared_norms = std::move(sq);
   r.phase_end.virtual_seconds = phase_end;
   r.loss = 0.25;

@@ -19,6 +19,8 @@ chip_step_report report(int stage, int first_layer, double start, double end,
   r.phase_end = {end, 100 + end};
   r.forward_seconds = fwd;
   r.backward_seconds = bwd;
+  for (std::size_t i = 0; i < norms.size(); ++i)
+    r.layer_ids.push_back(first_layer + static_cast<int>(i));
   r.layer_squared_norms = std::move(norms);
   return r;
 }

@@ -45,7 +45,7 @@ namespace h2::runtime {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, op_record& x) {
   return f(caf::meta::type_name("op_record"), x.kind, x.micro_batch, x.start,
-           x.end, x.virtual_seconds);
+           x.end, x.virtual_seconds, x.chunk);
 }
 
 template <class Inspector>
@@ -90,9 +90,10 @@ typename Inspector::result_type inspect(Inspector& f, link_charge& x) {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, chip_step_report& x) {
   return f(caf::meta::type_name("chip_step_report"), x.chip, x.replica, x.stage,
-           x.first_layer, x.layer_squared_norms, x.loss, x.start, x.phase_end,
-           x.forward_seconds, x.backward_seconds, x.idle_seconds, x.memory,
-           x.traffic, x.overruns, x.overrun_seconds, x.ops, x.layers, x.links);
+           x.first_layer, x.layer_ids, x.layer_squared_norms, x.loss, x.start,
+           x.phase_end, x.forward_seconds, x.backward_seconds, x.idle_seconds,
+           x.memory, x.traffic, x.overruns, x.overrun_seconds, x.ops, x.layers,
+           x.links);
 }
 
 template <class Inspector>
@@ -119,7 +120,8 @@ typename Inspector::result_type inspect(Inspector& f, chip_eval_report& x) {
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, parameter_values& x) {
-  return f(caf::meta::type_name("parameter_values"), x.name, x.shape, x.values);
+  return f(caf::meta::type_name("parameter_values"), x.name, x.shape, x.values,
+           x.layer);
 }
 
 template <class Inspector>

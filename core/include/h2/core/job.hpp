@@ -42,9 +42,9 @@ inline constexpr schedule_kind all_schedule_kinds[] = {
 std::string_view to_string(clock_mode m) noexcept;
 std::string_view to_string(schedule_kind k) noexcept;
 std::optional<schedule_kind> parse_schedule_kind(std::string_view s) noexcept;
-/// Why this version cannot run plans of `k`, or "" when it can. Plans hold
-/// one chunk per chip, which interleaved-1f1b cannot use.
-std::string_view schedule_unavailable(schedule_kind k) noexcept;
+/// Chunks per chip `k` runs when the job does not say (plan.chunks_per_chip):
+/// 2 for interleaved-1f1b, 1 for the others.
+int default_chunks_per_chip(schedule_kind k) noexcept;
 /// The names of every schedule, quoted, for error messages:
 /// "\"gpipe\", \"1f1b\", ...".
 std::string schedule_kind_choices();
@@ -168,6 +168,14 @@ struct plan_config {
   std::vector<int> layers;
   /// Activation recomputation per stage (default: none).
   std::vector<bool> recompute;
+  /// Chunks (stages) each chip of `stages` holds, dealt round by round:
+  /// stage i of the plan is on chip i mod stages.size() (Megatron's
+  /// interleaved layout). `layers` and `recompute` then list every chunk,
+  /// in pipeline order. Default: default_chunks_per_chip(schedule); with
+  /// mode auto and no key, the planner chooses.
+  int chunks_per_chip = 1;
+  /// True when the job file sets chunks_per_chip.
+  bool chunks_given = false;
 };
 
 struct metrics_config {

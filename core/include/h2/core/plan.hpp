@@ -11,7 +11,9 @@
 
 namespace h2 {
 
-/// One pipeline stage: a contiguous range of global layers on one chip.
+/// One pipeline stage (a chunk, docs/planner.md "Schedules"): a contiguous
+/// range of global layers on one chip. A chip may hold several stages of its
+/// replica (interleaved schedules); the stages' order is the pipeline's.
 struct stage_plan {
   chip_id chip;
   int first_layer = 0; ///< inclusive
@@ -33,8 +35,10 @@ struct replica_plan {
 };
 
 struct plan {
-  /// Version of the JSON form; bumped on incompatible changes.
-  static constexpr int format_version = 1;
+  /// Version of the JSON form; bumped on incompatible changes. Version 2
+  /// lets a chip hold several stages (chunks) of its replica; version 1
+  /// files (one stage per chip) are still read.
+  static constexpr int format_version = 2;
 
   schedule_kind schedule = schedule_kind::one_f_one_b;
   std::vector<replica_plan> replicas;
@@ -70,27 +74,39 @@ struct chip_link {
   auto operator<=>(const chip_link&) const = default;
 };
 
-/// Every chip of `p` in plan order: replica by replica, stage by stage (the
-/// order of the runtime's worker set-ups and the actors' chip lists).
+/// The chips of replica `r`, each once, in the order of their first stage:
+/// a chip's place in this list is its pipeline position.
+std::vector<chip_id> replica_chips(const replica_plan& r);
+
+/// For each stage of `r`, the pipeline position of its chip (its index in
+/// replica_chips(r)).
+std::vector<int> stage_positions(const replica_plan& r);
+
+/// Every chip of `p` in plan order: replica by replica, chip by chip
+/// (replica_chips(); the order of the runtime's worker set-ups and the
+/// actors' chip lists).
 std::vector<chip_id> plan_chips(const plan& p);
 
 /// Every pair of chips of `p` that needs a channel, sorted.
 std::vector<chip_link> plan_links(const plan& p);
 
-/// The JSON form: {"format": "h2-plan", "version": 1, "schedule": "1f1b",
+/// The JSON form: {"format": "h2-plan", "version": 2, "schedule": "1f1b",
 /// "replicas": [{"micro_batch_size": 4, "micro_batches": 8, "stages":
 /// [{"chip": "0:0", "layers": [0, 3], "recompute": false}, ...]}]}.
-/// "layers" is the half-open range [first, end) of global layers.
+/// "layers" is the half-open range [first, end) of global layers; a chip
+/// may appear in several stages of its replica (version 2).
 std::string to_json(const plan& p, int indent = 2);
 
-/// Parses the JSON form; throws config_error naming the JSON path
-/// ("replicas[0].stages[1].layers") for anything malformed.
+/// Parses the JSON form, versions 1 and 2; throws config_error naming the
+/// JSON path ("replicas[0].stages[1].layers") for anything malformed.
 plan plan_from_json(const std::string& text, const std::string& origin);
 
-/// Checks `p` against the job: every chip exists and appears once, each
-/// replica's stages cover layers 0..num_layers() contiguously, micro-batches
-/// add up to the job's global batch. Throws config_error (key path prefixed
-/// with `origin`).
+/// Checks `p` against the job: every chip exists and serves one replica,
+/// no two neighbouring stages share a chip, each replica's stages cover
+/// layers 0..num_layers() contiguously, micro-batches add up to the job's
+/// global batch. Whether the schedule can run the stages' layout is the
+/// scheduler's check (scheduler/plan_builder.hpp, check_plan_layout).
+/// Throws config_error (key path prefixed with `origin`).
 void validate_plan(const plan& p, const job_config& job,
                    const std::string& origin);
 

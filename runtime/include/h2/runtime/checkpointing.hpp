@@ -56,13 +56,14 @@ std::string write_checkpoint_marker(const std::filesystem::path& root);
 void check_checkpoint_marker(const std::filesystem::path& root,
                              const std::string& expected, int rank);
 
-/// Whether `files`, reported as written by the chip whose stage holds
-/// layers [first_layer, end_layer), may join the records `so_far` of the
-/// same checkpoint: every one of its layers in that range, none twice, none
-/// recorded already. The scheduler drops a report that is not (a forged or
-/// repeated message must not publish a manifest early).
-bool files_of_stage(const std::vector<file_record>& files, int first_layer,
-                    int end_layer, const std::vector<file_record>& so_far);
+/// Whether `files`, reported as written by the chip whose stages (chunks)
+/// are `chunks`, may join the records `so_far` of the same checkpoint:
+/// every one of a layer of those stages, none twice, none recorded already.
+/// The scheduler drops a report that is not (a forged or repeated message
+/// must not publish a manifest early).
+bool files_of_chip(const std::vector<file_record>& files,
+                   const std::vector<stage_plan>& chunks,
+                   const std::vector<file_record>& so_far);
 
 /// One node's checkpoint writes, on a thread of its own, in the order they
 /// were queued (docs/checkpoints.md). Every node of a job has one: each

@@ -39,6 +39,7 @@ struct op_record {
   /// The op's time on the virtual clock: emulated (or measured on real
   /// devices) for compute ops, the idle jump for receives.
   double virtual_seconds = 0;
+  std::int32_t chunk = 0; ///< the plan's stage (chunk) the op ran
 };
 
 /// Times of a chip on both clocks, seconds since the run's origin.
@@ -101,9 +102,12 @@ struct step_command {
 struct chip_step_report {
   chip_id chip;
   std::int32_t replica = 0;
-  std::int32_t stage = 0;
-  std::int32_t first_layer = 0;
-  /// Squared gradient norm of each of the stage's layers, in layer order.
+  std::int32_t stage = 0;       ///< the chip's pipeline position
+  std::int32_t first_layer = 0; ///< of its first chunk
+  /// The global index of each of the chip's layers, in layer order (its
+  /// chunks' layers, one chunk after the other).
+  std::vector<std::int32_t> layer_ids;
+  /// Squared gradient norm of each of the chip's layers, as layer_ids.
   std::vector<double> layer_squared_norms;
   /// Sum of the scaled micro-batch losses (last stage only): this replica's
   /// share of the step's mean token loss.
@@ -118,7 +122,7 @@ struct chip_step_report {
   std::uint64_t overruns = 0; ///< wall clock: ops slower than emulated
   double overrun_seconds = 0;
   std::vector<op_record> ops;
-  /// Per layer of the stage, in layer order (live rebalancing).
+  /// Per layer of the chip, as layer_ids (live rebalancing).
   std::vector<layer_charge> layers;
   /// Per neighbour that sent activations or gradients this step.
   std::vector<link_charge> links;
@@ -159,6 +163,7 @@ struct parameter_values {
   std::string name; ///< "block3.attn.qkv.weight"
   std::vector<std::int64_t> shape;
   std::vector<float> values;
+  std::int32_t layer = 0; ///< the global layer it belongs to
 };
 
 } // namespace h2::runtime

@@ -1,4 +1,5 @@
-// What a chip does in a step, without an actor: runs its stage's op list on
+// What a chip does in a step, without an actor: runs its op list over its
+// chunks (one or more stages of the plan, docs/planner.md "Schedules") on
 // its device, exchanging activations and gradients with its neighbours over
 // channels, sums gradients with its replicas, then applies the optimizer
 // update. Everything runs on the calling thread (a chip actor's own, or a
@@ -46,9 +47,16 @@ struct worker_setup {
   std::shared_ptr<const job_config> job;
   const chip_spec* chip = nullptr; ///< points into *job
   int replica = 0;
-  int stage = 0;  ///< index in the replica's pipeline
-  int stages = 1; ///< pipeline depth
-  stage_plan assignment;
+  int stage = 0;  ///< this chip's pipeline position (replica_chips())
+  int stages = 1; ///< chips in the pipeline
+  /// This chip's stages of the plan (its chunks), in pipeline order, and
+  /// their indices among the replica's stages.
+  std::vector<stage_plan> chunks;
+  std::vector<int> chunk_index;
+  /// Which chip holds which stage of the replica.
+  scheduler::pipeline_layout layout;
+  /// The chip of every stage of the replica, in pipeline order.
+  std::vector<chip_id> chunk_chips;
   int micro_batch_size = 1;
   int micro_batches = 1;
   /// Index of this replica's first sequence within the global batch.
@@ -57,8 +65,6 @@ struct worker_setup {
   /// Every stage's op times in this replica, for schedules that place ops
   /// by them (zb-hetero): the same on every chip (schedule_times_of()).
   scheduler::schedule_times times;
-  /// The previous and next stage's chips (none at the pipeline's ends).
-  std::optional<chip_id> prev, next;
   /// Every chip this one exchanges tensors with: pipeline and ring
   /// neighbours.
   std::map<chip_id, peer_link> peers;
@@ -77,6 +83,11 @@ struct worker_setup {
 
   /// Closes every channel: waiting neighbours fail with peer_closed.
   void close_channels() const noexcept;
+
+  /// Layers [first, end) of the chip's first chunk ... last chunk.
+  int first_layer() const { return chunks.front().first_layer; }
+  /// True when the chip holds `layer`.
+  bool holds_layer(int layer) const noexcept;
 };
 
 /// Each stage's forward, B and W seconds of one micro-batch in replica `r`
@@ -103,10 +114,10 @@ public:
   ~stage_worker();
 
   /// Runs the forward/backward op list of `cmd.step`. On any failure closes
-  /// both channels (so neighbours fail fast instead of waiting) and throws.
+  /// every channel (so neighbours fail fast instead of waiting) and throws.
   chip_step_report run_step(const step_command& cmd);
 
-  /// Clips and applies AdamW to every layer of the stage.
+  /// Clips and applies AdamW to every layer of the chip.
   chip_update_report apply_update(const update_command& cmd);
 
   /// The forward-only validation pass.
@@ -114,16 +125,16 @@ public:
 
   setup_report ready_report() const;
 
-  /// Copies of the stage's parameters, layer by layer.
+  /// Copies of the chip's parameters, layer by layer.
   std::vector<parameter_values> parameters() const;
 
-  /// The per-layer state of every layer of the stage, in layer order, in
+  /// The per-layer state of every layer of the chip, in layer order, in
   /// host memory (docs/checkpoints.md): what a checkpoint writes. Call
   /// between steps.
   std::vector<layer_state> snapshot();
 
-  /// Loads `states` (one per layer of the stage, any order) into the
-  /// stage's layers. Call between steps. Throws checkpoint_error(mismatch)
+  /// Loads `states` (one per layer of the chip, any order) into the
+  /// chip's layers. Call between steps. Throws checkpoint_error(mismatch)
   /// naming the layer when a layer's state is missing or does not fit.
   void restore(const std::vector<layer_state>& states);
 
@@ -148,37 +159,47 @@ public:
   void hang_next_op() noexcept { hang_ = true; }
 
   devices::device_context& device() noexcept { return *device_; }
-  model::stage& stage() noexcept { return *stage_; }
   const worker_setup& setup() const noexcept { return setup_; }
+  /// Every layer of the chip's chunks, in layer order.
+  const std::vector<model::layer*>& layers() const noexcept { return layers_; }
 
 private:
   struct op_context;
-  /// Emulated seconds of one micro-batch's ops on this chip (< 0: a real
-  /// device, measured instead).
+  /// Emulated seconds of one micro-batch's ops of one chunk on this chip
+  /// (< 0: a real device, measured instead).
   struct op_seconds {
     double forward = 0;
     double backward = 0; ///< fused, recomputation included
     double input = 0;    ///< B, recomputation included
     double weight = 0;   ///< W
   };
-  op_seconds emulated_op_seconds() const;
+  /// Of each of the chip's chunks.
+  std::vector<op_seconds> emulated_op_seconds() const;
+  /// The chip's chunk `chunk` (a pipeline index) as an index into its own.
+  std::size_t local_chunk(int chunk) const;
+  /// True when this chip holds chunk `chunk` (false out of range).
+  bool chunk_here(int chunk) const;
+  /// The chip holding chunk `chunk`.
+  const chip_id& chip_of_chunk(int chunk) const;
   /// Runs op `x` of the step's list.
   void run_op(const scheduler::op& x, const step_command& cmd,
-              const op_seconds& seconds, op_context& ctx,
+              const std::vector<op_seconds>& seconds, op_context& ctx,
               chip_step_report& r);
-  void forward_op(int mb, const step_command& cmd, const op_seconds& seconds,
-                  op_context& ctx, chip_step_report& r);
+  void forward_op(const scheduler::op& x, const step_command& cmd,
+                  const std::vector<op_seconds>& seconds, op_context& ctx,
+                  chip_step_report& r);
   /// The fused backward, or B when `split`.
-  void backward_op(int mb, bool split, const step_command& cmd,
-                   const op_seconds& seconds, op_context& ctx,
+  void backward_op(const scheduler::op& x, bool split, const step_command& cmd,
+                   const std::vector<op_seconds>& seconds, op_context& ctx,
                    chip_step_report& r);
-  void weight_op(int mb, const step_command& cmd, const op_seconds& seconds,
-                 op_context& ctx, chip_step_report& r);
+  void weight_op(const scheduler::op& x, const step_command& cmd,
+                 const std::vector<op_seconds>& seconds, op_context& ctx,
+                 chip_step_report& r);
   /// Runs `body` as compute op `name` of micro-batch `mb`, charged
   /// `predicted` (nullopt: measured): watchdog, device clock and op record.
   /// Returns the op's seconds on the chip's clock.
   template <class F>
-  double timed_op(const char* name, recorded_op kind, int mb,
+  double timed_op(const char* name, recorded_op kind, const scheduler::op& x,
                   std::optional<double> predicted, op_context& ctx, F&& body);
   /// Throws stalled_error once the watchdog gave up on this chip,
   /// cancelled_error once the job is cancelled.
@@ -198,13 +219,15 @@ private:
   /// (device_context::holds).
   void expect_held(const at::Tensor& t, const char* what) const;
   clock_pair clocks() const;
-  double layer_seconds(devices::pass p) const;
+  /// Emulated seconds of chunk `local`'s layers (< 0: a real device).
+  double layer_seconds(std::size_t local, devices::pass p) const;
   /// What an emulated op of `kind` (micro-batch `micro_batch`, step `step`)
   /// is charged: `seconds` x throttle x the job's noise; nullopt (measure)
   /// when `seconds` < 0 (a real device).
   std::optional<double> charged(double seconds, std::int64_t step,
-                                recorded_op kind, int micro_batch) const;
-  /// Splits the step's charged compute over the stage's layers.
+                                recorded_op kind, int micro_batch,
+                                int chunk = 0) const;
+  /// Splits the step's charged compute over the chip's layers.
   std::vector<layer_charge> layer_charges(double forward_seconds,
                                           double backward_seconds) const;
   at::Tensor receive(const chip_id& peer, std::uint64_t tag, op_context& ctx,
@@ -218,15 +241,19 @@ private:
 
   worker_setup setup_;
   std::unique_ptr<devices::device_context> device_;
-  std::unique_ptr<model::stage> stage_;
+  /// One model stage per chunk, in pipeline order.
+  std::vector<std::unique_ptr<model::stage>> chunks_;
+  /// Every layer of the chip, in layer order.
+  std::vector<model::layer*> layers_;
   std::unique_ptr<model::data_source> data_;
   scheduler::schedule schedule_;
-  std::vector<layer_work> work_; ///< of each layer, for one micro-batch
+  /// Of each layer of each chunk, for one micro-batch.
+  std::vector<std::vector<layer_work>> work_;
   std::chrono::duration<double> timeout_;
   double loss_scale_ = 1; ///< 1 / tokens of the global batch
   double throttle_ = 1;
   bool hang_ = false;
-  /// Each layer's share of the stage's forward (backward) time: its
+  /// Each layer's share of the chip's forward (backward) time: its
   /// emulated seconds, or its FLOPs on a real device.
   std::vector<double> forward_share_, backward_share_;
 };

@@ -5,7 +5,9 @@
 
 #include "h2/core/job.hpp"
 #include "h2/core/plan.hpp"
+#include "h2/scheduler/schedule.hpp"
 
+#include <optional>
 #include <vector>
 
 namespace h2::scheduler {
@@ -16,15 +18,44 @@ namespace h2::scheduler {
 std::vector<int> even_split(int layers, int stages);
 
 /// The plan of a job whose plan.mode is even or manual: one replica whose
-/// stages are plan.stages in order, micro-batches of train.micro_batch.
+/// stages are plan.stages in order, dealt plan.chunks_per_chip times round
+/// by round, micro-batches of train.micro_batch.
 /// Throws config_error for plan.mode = "auto" (planner.hpp plans those).
 plan make_plan(const job_config& job);
 
 /// The plan plan.mode = "even" would run with plan.stages = `chips` (in
 /// that order): one stage per chip, layers spread by even_split(),
 /// micro-batches of train.micro_batch, no recomputation. The baseline
-/// HeteroAuto is compared with. Throws config_error when there are more
-/// chips than layers or `chips` names a chip the job lacks.
+/// HeteroAuto is compared with (plan.chunks_per_chip chunks per chip). Throws
+/// config_error when there are more chips than layers or `chips` names a chip
+/// the job lacks.
 plan even_plan(const job_config& job, const std::vector<chip_id>& chips);
+
+/// `p` (one stage per chip) with each chip's layers dealt into `v` chunks,
+/// round by round (pipeline_layout::dealt): chunk r of chip k holds the
+/// r-th of even_split(its layers, v), chips in `p`'s order within a round.
+/// Each chip keeps its count of layers (a chip with fewer than `v` takes
+/// layers from the chip with the most) and its recomputation. nullopt when
+/// a replica has one chip or fewer layers than chips x `v`. The schedule
+/// is left as `p`'s.
+std::optional<plan> deal_chunks(const plan& p, int v);
+
+/// `p` (one stage per chip) with one layer less on stage `from` and one
+/// more on stage `to` of replica `replica`, the stages contiguous again;
+/// nullopt when `from` == `to` or `from` holds one layer. What
+/// interleaved-1f1b's planning tries on the counts it deals.
+std::optional<plan> move_layer(const plan& p, int replica, int from, int to);
+
+/// The chunks per chip of `p` (its first replica's stages over its chips).
+int chunks_per_chip(const plan& p);
+
+/// Which chip (pipeline position, replica_chips()) holds which stage of `r`.
+pipeline_layout layout_of(const replica_plan& r);
+
+/// Throws config_error (key `origin`.replicas[i].stages) when `p`'s schedule
+/// cannot run the layout of a replica's stages (layout_problem()): several
+/// chunks per chip under 1f1b, uneven or non-dealt chunks under
+/// interleaved-1f1b, fewer micro-batches than chips.
+void check_plan_layout(const plan& p, const std::string& origin);
 
 } // namespace h2::scheduler

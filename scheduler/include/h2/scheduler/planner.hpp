@@ -275,9 +275,8 @@ struct schedule_choice {
   std::exception_ptr error;      ///< the infeasible_error when empty
 };
 
-/// HeteroAuto once per schedule this version runs (schedule_unavailable()
-/// empty), with `options` otherwise: feasible ones first, fastest predicted
-/// step first.
+/// HeteroAuto once per schedule, with `options` otherwise: feasible ones first,
+/// fastest predicted step first.
 std::vector<schedule_choice>
 plan_each_schedule(const job_config& job, chip_measurements& measurements,
                    const planner_options& options = {});

@@ -145,6 +145,13 @@ private:
   };
   const chip_state* find(const chip_id& chip) const;
   chip_state& state(const chip_id& chip);
+  /// Adds a chip's per-layer compute times (`seen`, its chunks' layers in
+  /// order) against the profile's predictions.
+  void add_compute(chip_state& cs, const chip_spec& spec,
+                   const replica_plan& rep,
+                   const std::vector<const stage_plan*>& chunks,
+                   schedule_kind schedule,
+                   const std::vector<layer_timing>& seen);
 
   const job_config* job_;
   cost_model costs_; ///< the job under the profiled measurements
