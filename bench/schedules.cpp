@@ -3,11 +3,10 @@
 //    runs; the best plan over all schedules against the best 1F1B plan, each
 //    trained 12 steps under the wall clock (the first 2 left out), with
 //    each chip's bubble.
-// 2. Four identical chips, even stages, 8 micro-batches: zb-h1 against
-//    1f1b under the wall clock, the measured bubble against the simulator
-//    and the textbook value (which assumes F = B = W and free links).
-//    interleaved-1f1b is predicted only: plans of this version hold one
-//    chunk per chip, so the runtime cannot run it yet.
+// 2. Four identical chips, even stages, 8 micro-batches: interleaved-1f1b
+//    (2 chunks per chip) and zb-h1 against 1f1b under the wall clock, the
+//    measured bubble against the simulator and the textbook value (which
+//    assumes F = B = W and free links).
 // 3. examples/cluster-1024.toml: each schedule's predicted step and
 //    planning time.
 // With --svg DIR it also draws the textbook timelines of docs/planner.md
@@ -25,10 +24,12 @@
 #include "h2/scheduler/simulator.hpp"
 #include "h2/scheduler/timeline_svg.hpp"
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <fstream>
 #include <memory>
+#include <optional>
 #include <sstream>
 
 using namespace h2;
@@ -140,6 +141,9 @@ std::shared_ptr<job_config> identical_job(schedule_kind kind) {
   auto job = parse_job(toml, "identical.toml");
   job.plan.mode = plan_mode::even;
   job.plan.schedule = kind;
+  job.plan.chunks_per_chip = default_chunks_per_chip(kind);
+  job.plan.recompute.assign(job.plan.stages.size() * job.plan.chunks_per_chip,
+                            false);
   return without_extras(job);
 }
 
@@ -147,7 +151,8 @@ std::shared_ptr<job_config> identical_job(schedule_kind kind) {
 void identical_chips(std::vector<bench::record>& records) {
   const int p = 4, steps = 8, skip = 2;
   double one_f_one_b_seconds = 0;
-  for (auto kind : {schedule_kind::one_f_one_b, schedule_kind::zb_h1}) {
+  for (auto kind : {schedule_kind::one_f_one_b, schedule_kind::interleaved_1f1b,
+                    schedule_kind::zb_h1}) {
     auto job = identical_job(kind);
     const plan even = scheduler::make_plan(*job);
     const int m = even.replicas[0].micro_batches;
@@ -156,13 +161,16 @@ void identical_chips(std::vector<bench::record>& records) {
     auto r = run(job, even, steps, skip);
     if (kind == schedule_kind::one_f_one_b)
       one_f_one_b_seconds = r.step_seconds;
-    const double theory = scheduler::theoretical_bubble(kind, p, m);
-    std::printf("4 x h100, %s, %d micro-batches: step %.4f s (simulated "
-                "%.4f s), bubble measured %.2f%%, simulated %.2f%%, textbook "
-                "(F = B = W) %.2f%%; per chip %s; overruns per step %.1f "
-                "(%.4f s)\n",
-                std::string(to_string(kind)).c_str(), m, r.step_seconds,
-                predicted.step_seconds, 100 * r.bubble,
+    const int v = job->plan.chunks_per_chip;
+    const double theory = scheduler::theoretical_bubble(kind, p, m, v);
+    std::string name(to_string(kind));
+    std::replace(name.begin(), name.end(), '-', '_');
+    std::printf("4 x h100, %s (%d chunk%s per chip), %d micro-batches: step "
+                "%.4f s (simulated %.4f s), bubble measured %.2f%%, "
+                "simulated %.2f%%, textbook (F = B = W) %.2f%%; per chip %s; "
+                "overruns per step %.1f (%.4f s)\n",
+                std::string(to_string(kind)).c_str(), v, v > 1 ? "s" : "", m,
+                r.step_seconds, predicted.step_seconds, 100 * r.bubble,
                 100 * predicted.bubble_fraction, 100 * theory, r.chips.c_str(),
                 r.overruns, r.overrun_seconds);
     records.push_back(
@@ -171,36 +179,11 @@ void identical_chips(std::vector<bench::record>& records) {
        r.bubble, "share", theory, r.bubble / theory,
        "simulated " + std::to_string(predicted.bubble_fraction)});
     if (kind != schedule_kind::one_f_one_b)
-      records.push_back({"schedules.identical_step_seconds_zb_h1_vs_1f1b_wall",
-                         r.step_seconds, "s", one_f_one_b_seconds,
-                         one_f_one_b_seconds / r.step_seconds,
-                         "4 x h100, even stages"});
+      records.push_back(
+        {"schedules.identical_step_seconds_" + name + "_vs_1f1b_wall",
+         r.step_seconds, "s", one_f_one_b_seconds,
+         one_f_one_b_seconds / r.step_seconds, "4 x h100, even stages"});
   }
-  // interleaved-1f1b, v = 2: the simulator only (each chunk half a stage).
-  auto job = identical_job(schedule_kind::one_f_one_b);
-  runtime::profiled_measurements meas(*job);
-  const plan even = scheduler::make_plan(*job);
-  auto base = scheduler::evaluate_plan(*job, even, meas);
-  scheduler::simulated_pipeline il;
-  il.kind = schedule_kind::interleaved_1f1b;
-  il.micro_batches = even.replicas[0].micro_batches;
-  il.layout = scheduler::pipeline_layout::dealt({2, 2, 2, 2});
-  for (int c = 0; c < 2 * p; ++c) {
-    const auto& st = base.replicas[0].stages[static_cast<std::size_t>(c % p)];
-    scheduler::simulated_stage s;
-    s.forward_seconds = st.forward_seconds / 2;
-    s.backward_seconds = st.backward_seconds / 2;
-    il.stages.push_back(s);
-  }
-  auto sim = scheduler::simulate({il});
-  const double theory = scheduler::theoretical_bubble(
-    schedule_kind::interleaved_1f1b, p, il.micro_batches, 2);
-  std::printf("4 x h100, interleaved-1f1b v=2: bubble simulated %.2f%% "
-              "(textbook %.2f%%); not run: plans hold one chunk per chip\n",
-              100 * sim.bubble_fraction, 100 * theory);
-  records.push_back({"schedules.identical_bubble_simulated_interleaved_v2",
-                     sim.bubble_fraction, "share", theory,
-                     sim.bubble_fraction / theory, "simulator only"});
 }
 
 /// Part 3: cluster-1024.
@@ -209,18 +192,26 @@ void cluster_1024(std::vector<bench::record>& records) {
     load_job_file(std::string(H2_SOURCE_DIR) + "/examples/cluster-1024.toml");
   double one_f_one_b = 0;
   for (auto kind : {schedule_kind::one_f_one_b, schedule_kind::gpipe,
-                    schedule_kind::zb_h1}) {
+                    schedule_kind::interleaved_1f1b, schedule_kind::zb_h1}) {
     runtime::profiled_measurements m(job);
     scheduler::planner_options o;
     o.schedule = kind;
     auto t0 = std::chrono::steady_clock::now();
-    auto r = scheduler::plan_auto(job, m, o);
+    std::optional<scheduler::planned> found;
+    try {
+      found = scheduler::plan_auto(job, m, o);
+    } catch (const scheduler::infeasible_error& e) {
+      std::printf("cluster-1024: %-16s no plan: %s\n",
+                  std::string(to_string(kind)).c_str(), e.problem().c_str());
+      continue;
+    }
+    const auto& r = *found;
     const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
         .count();
     if (kind == schedule_kind::one_f_one_b)
       one_f_one_b = r.report.step_seconds;
-    std::printf("cluster-1024: %-6s predicted step %.3f s, bubble %.1f%%, "
+    std::printf("cluster-1024: %-16s predicted step %.3f s, bubble %.1f%%, "
                 "planned in %.2f s\n",
                 std::string(to_string(kind)).c_str(), r.report.step_seconds,
                 100 * r.report.bubble_fraction, seconds);

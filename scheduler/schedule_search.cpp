@@ -113,6 +113,18 @@ planned plan_interleaved(const job_config& job, chip_measurements& measurements,
         best->report.shape = base.report.shape;
       }
     }
+  int longest = 0;
+  for (const auto& base : bases)
+    for (const auto& r : base.value.replicas)
+      longest = std::max(longest, static_cast<int>(r.stages.size()));
+  if (!best && longest * 2 > job.model.num_layers())
+    throw infeasible_error("interleaved-1f1b: HeteroAuto's 1F1B plan (" +
+                             bases.front().report.shape + ") pipelines over " +
+                             std::to_string(longest) +
+                             " chips, and the model's " +
+                             std::to_string(job.model.num_layers()) +
+                             " layers cannot give each of them 2 chunks",
+                           std::nullopt);
   if (!best)
     throw infeasible_error(
       "interleaved-1f1b: HeteroAuto's 1F1B plan (" +
