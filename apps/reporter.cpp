@@ -222,7 +222,9 @@ void reporter::update_metrics(const runtime::step_summary& s) {
 
 void reporter::trace_step(const runtime::step_summary& s) {
   for (const auto& t : s.ops) {
-    nlohmann::json args = {{"step", s.step}, {"micro_batch", t.op.micro_batch}};
+    nlohmann::json args = {{"step", s.step},
+                           {"micro_batch", t.op.micro_batch},
+                           {"chunk", t.op.chunk}};
     std::string name(runtime::to_string(t.op.kind));
     bool wait = name.rfind("recv", 0) == 0;
     trace_->complete(wait ? "wait " + name.substr(5) : name,

@@ -345,7 +345,7 @@ at::Tensor stage_worker::receive(const chip_id& peer, std::uint64_t tag,
     ctx.ops.push_back({kind == tag_kind::gradient ? recorded_op::recv_backward
                                                   : recorded_op::recv_forward,
                        micro_batch, wait_start, clock.now(),
-                       clock.virtual_now() - v0});
+                       clock.virtual_now() - v0, transport::tag_chunk(tag)});
     if (kind == tag_kind::activation || kind == tag_kind::gradient) {
       auto& l = ctx.links[peer];
       l.from = peer;

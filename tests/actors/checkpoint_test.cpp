@@ -289,6 +289,33 @@ TEST_F(actors_checkpoint, resume_on_another_plan_and_schedule_equals_one_run) {
   expect_same_parameters(second.params, whole.params);
 }
 
+TEST_F(actors_checkpoint, resume_under_interleaved_and_back_equals_one_run) {
+  auto whole_job = job("whole");
+  const auto whole = run(whole_job, scheduler::make_plan(*whole_job), 6);
+
+  // Saved under 1f1b [3, 3] at step 2; steps 3-4 under interleaved-1f1b
+  // with two chunks on each of the same chips; steps 5-6 under 1f1b again:
+  // a checkpoint holds layers, not chunks.
+  auto split_job = job("split");
+  const plan one_chunk = scheduler::make_plan(*split_job);
+  run(split_job, one_chunk, 2);
+  plan interleaved = one_chunk;
+  interleaved.schedule = schedule_kind::interleaved_1f1b;
+  interleaved.replicas[0].stages = {{chip_id{0, 0}, 0, 2, false},
+                                    {chip_id{0, 1}, 2, 3, false},
+                                    {chip_id{0, 0}, 3, 5, false},
+                                    {chip_id{0, 1}, 5, 6, false}};
+  validate_plan(interleaved, *split_job, "interleaved plan");
+  scheduler::check_plan_layout(interleaved, "interleaved plan");
+  const auto second = run(split_job, interleaved, 4, latest("split"));
+  const auto third = run(split_job, one_chunk, 6, latest("split"));
+  EXPECT_EQ(second.losses, std::vector<double>(whole.losses.begin() + 2,
+                                               whole.losses.begin() + 4));
+  EXPECT_EQ(third.losses,
+            std::vector<double>(whole.losses.begin() + 4, whole.losses.end()));
+  expect_same_parameters(third.params, whole.params);
+}
+
 // Two replicas whose second has one micro-batch sum every gradient as one
 // replica of the same micro-batches does (see expect_within_reassociation):
 // a run that changes between them at a checkpoint equals one that never

@@ -98,6 +98,41 @@ TEST(actors_replan, moved_layers_train_as_if_they_never_moved) {
   }
 }
 
+/// interleaved-1f1b over chips 0:0 and 0:1, two chunks each (0:0 holds
+/// stages 0 and 2), `layers` per stage, 4 micro-batches of 2 sequences.
+plan interleaved_cut(const std::vector<int>& layers) {
+  plan p;
+  p.schedule = schedule_kind::interleaved_1f1b;
+  replica_plan r;
+  r.micro_batch_size = 2;
+  r.micro_batches = 4;
+  int next = 0;
+  for (std::size_t s = 0; s < layers.size(); ++s) {
+    r.stages.push_back(
+      {chip_id{0, static_cast<int>(s % 2)}, next, next + layers[s], false});
+    next += layers[s];
+  }
+  p.replicas.push_back(r);
+  return p;
+}
+
+TEST(actors_replan, layers_moved_between_chunks_train_as_if_they_never_moved) {
+  auto job = replan_job();
+  const auto still = run(job, interleaved_cut({2, 1, 1, 2}), {});
+  // Step 2: a layer of 0:0's first chunk moves to 0:1's first chunk; step
+  // 4: layers move back and between 0:0's own chunks.
+  const auto moved = run(
+    job, interleaved_cut({2, 1, 1, 2}),
+    {{2, interleaved_cut({1, 2, 1, 2})}, {4, interleaved_cut({1, 1, 3, 1})}});
+  EXPECT_EQ(moved.stage_layers, (std::vector<std::vector<int>>{
+                                  {2, 1, 1, 2}, {1, 2, 1, 2}, {1, 1, 3, 1}}));
+  EXPECT_EQ(moved.losses, still.losses); // bitwise
+  ASSERT_EQ(moved.params.size(), still.params.size());
+  for (std::size_t i = 0; i < still.params.size(); ++i)
+    EXPECT_EQ(moved.params[i].values, still.params[i].values)
+      << still.params[i].name;
+}
+
 TEST(actors_replan, a_replan_that_changes_the_chips_is_refused) {
   auto job = replan_job();
   const plan start = cut(*job, {2, 2, 2});
