@@ -322,8 +322,9 @@ int main(int argc, char** argv) {
                "Also list every stage-1 layout with its own best step time "
                "(slower: each is solved to its optimum)");
   cli.add_option("--schedule", opt.schedule,
-                 "gpipe, 1f1b, zb-h1, zb-hetero, or auto: plan each and keep "
-                 "the fastest (default: plan.schedule of the job)");
+                 "gpipe, 1f1b, interleaved-1f1b, zb-h1, zb-hetero, or auto: "
+                 "plan each and keep the fastest (default: plan.schedule of "
+                 "the job)");
   cli
     .add_option("--micro-batch", opt.micro_batch,
                 "Allowed micro-batch sizes (default: every divisor)")

@@ -4,9 +4,10 @@
 //    trained 12 steps under the wall clock (the first 2 left out), with
 //    each chip's bubble.
 // 2. Four identical chips, even stages, 8 micro-batches: interleaved-1f1b
-//    (2 chunks per chip) and zb-h1 against 1f1b under the wall clock, the
-//    measured bubble against the simulator and the textbook value (which
-//    assumes F = B = W and free links).
+//    (2 chunks per chip), zb-h1 and zb-hetero (2 chunks per chip, its
+//    greedy lists) against 1f1b under the wall clock, the measured bubble
+//    against the simulator and the textbook value (which assumes F = B = W
+//    and free links; ZB-H1's for zb-hetero).
 // 3. examples/cluster-1024.toml: each schedule's predicted step and
 //    planning time.
 // With --svg DIR it also draws the textbook timelines of docs/planner.md
@@ -131,7 +132,8 @@ std::string replaced(std::string text, const std::string& from,
 }
 
 /// Four H100s, the demo model with 16 layers (4 per chip), even stages.
-std::shared_ptr<job_config> identical_job(schedule_kind kind) {
+std::shared_ptr<job_config> identical_job(schedule_kind kind,
+                                          int chunks_per_chip) {
   std::string toml(demo_job_toml());
   toml = replaced(toml, "n_layer = 12", "n_layer = 14");
   toml = replaced(toml, "\"emulated:mi250x\"", "\"emulated:h100-sxm\"");
@@ -141,7 +143,7 @@ std::shared_ptr<job_config> identical_job(schedule_kind kind) {
   auto job = parse_job(toml, "identical.toml");
   job.plan.mode = plan_mode::even;
   job.plan.schedule = kind;
-  job.plan.chunks_per_chip = default_chunks_per_chip(kind);
+  job.plan.chunks_per_chip = chunks_per_chip;
   job.plan.recompute.assign(job.plan.stages.size() * job.plan.chunks_per_chip,
                             false);
   return without_extras(job);
@@ -151,9 +153,11 @@ std::shared_ptr<job_config> identical_job(schedule_kind kind) {
 void identical_chips(std::vector<bench::record>& records) {
   const int p = 4, steps = 8, skip = 2;
   double one_f_one_b_seconds = 0;
-  for (auto kind : {schedule_kind::one_f_one_b, schedule_kind::interleaved_1f1b,
-                    schedule_kind::zb_h1}) {
-    auto job = identical_job(kind);
+  for (auto [kind, v] : {std::pair{schedule_kind::one_f_one_b, 1},
+                         std::pair{schedule_kind::interleaved_1f1b, 2},
+                         std::pair{schedule_kind::zb_h1, 1},
+                         std::pair{schedule_kind::zb_hetero, 2}}) {
+    auto job = identical_job(kind, v);
     const plan even = scheduler::make_plan(*job);
     const int m = even.replicas[0].micro_batches;
     runtime::profiled_measurements meas(*job);
@@ -161,10 +165,14 @@ void identical_chips(std::vector<bench::record>& records) {
     auto r = run(job, even, steps, skip);
     if (kind == schedule_kind::one_f_one_b)
       one_f_one_b_seconds = r.step_seconds;
-    const int v = job->plan.chunks_per_chip;
-    const double theory = scheduler::theoretical_bubble(kind, p, m, v);
+    // zb-hetero's greedy lists have no textbook value: ZB-H1's stands in.
+    const bool greedy = kind == schedule_kind::zb_hetero;
+    const double theory = scheduler::theoretical_bubble(
+      greedy ? schedule_kind::zb_h1 : kind, p, m, greedy ? 1 : v);
     std::string name(to_string(kind));
     std::replace(name.begin(), name.end(), '-', '_');
+    if (v > 1)
+      name += "_v" + std::to_string(v);
     std::printf("4 x h100, %s (%d chunk%s per chip), %d micro-batches: step "
                 "%.4f s (simulated %.4f s), bubble measured %.2f%%, "
                 "simulated %.2f%%, textbook (F = B = W) %.2f%%; per chip %s; "
@@ -174,9 +182,8 @@ void identical_chips(std::vector<bench::record>& records) {
                 100 * predicted.bubble_fraction, 100 * theory, r.chips.c_str(),
                 r.overruns, r.overrun_seconds);
     records.push_back(
-      {"schedules.identical_bubble_measured_vs_textbook_" +
-         std::string(to_string(kind)),
-       r.bubble, "share", theory, r.bubble / theory,
+      {"schedules.identical_bubble_measured_vs_textbook_" + name, r.bubble,
+       "share", theory, r.bubble / theory,
        "simulated " + std::to_string(predicted.bubble_fraction)});
     if (kind != schedule_kind::one_f_one_b)
       records.push_back(

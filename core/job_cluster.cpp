@@ -261,11 +261,12 @@ void read_plan(table_reader& root, job_config& job) {
     positive_int(*t, "chunks_per_chip", default_chunks_per_chip(p.schedule));
   if (p.chunks_given && !p.search_schedule &&
       p.chunks_per_chip != default_chunks_per_chip(p.schedule) &&
-      p.schedule != schedule_kind::interleaved_1f1b)
+      p.schedule != schedule_kind::interleaved_1f1b &&
+      p.schedule != schedule_kind::zb_hetero)
     throw config_error(t->path("chunks_per_chip"),
                        std::string(to_string(p.schedule)) +
                          " runs one chunk per chip; several need schedule = "
-                         "\"interleaved-1f1b\"");
+                         "\"interleaved-1f1b\" or \"zb-hetero\"");
   if (p.schedule == schedule_kind::interleaved_1f1b && !p.search_schedule &&
       p.chunks_per_chip < 2)
     throw config_error(t->path("chunks_per_chip"),

@@ -69,13 +69,22 @@ struct within_result {
 
 within_result search_within(const job_config& job, chip_measurements& m,
                             const plan& current, planner_options options) {
-  // Several chunks per chip (interleaved-1f1b): the chips' layers are
-  // searched as for 1F1B, then dealt into as many chunks as now.
-  const int v = chunks_per_chip(current);
   options.chips = plan_chips(current);
-  options.schedule = v > 1 ? schedule_kind::one_f_one_b : current.schedule;
+  options.schedule = current.schedule;
   options.suggest_changes = false;
   planner pl(job, m, options);
+  bool chunks = false;
+  for (const auto& r : current.replicas)
+    chunks = chunks || r.stages.size() > replica_chips(r).size();
+  if (chunks) {
+    // Several chunks per chip: the layout stays, its boundaries move
+    // (stage 2 plans one chunk per chip).
+    within_result out;
+    out.current = pl.evaluate(current);
+    if (out.current.fits)
+      out.best = improve_boundaries(pl, planned{current, out.current});
+    return out;
+  }
   const auto& chips = pl.chips();
   std::map<chip_id, int> index;
   for (std::size_t i = 0; i < chips.size(); ++i)
@@ -133,17 +142,8 @@ within_result search_within(const job_config& job, chip_measurements& m,
                  "stage 2 lost the replica of chip ", want.front().to_string());
       value.replicas.push_back(*it);
     }
-    std::optional<plan> dealt = value;
-    if (v > 1) {
-      dealt = deal_chunks(value, v);
-      if (dealt)
-        dealt->schedule = current.schedule;
-    }
-    plan_report report;
-    if (dealt)
-      report = pl.evaluate(*dealt);
-    if (dealt && report.fits) {
-      value = std::move(*dealt);
+    plan_report report = pl.evaluate(value);
+    if (report.fits) {
       planned p;
       p.value = std::move(value);
       p.report = std::move(report);

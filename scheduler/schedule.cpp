@@ -1,5 +1,7 @@
 #include "h2/scheduler/schedule.hpp"
 
+#include "schedule_greedy.hpp"
+
 #include "h2/core/error.hpp"
 
 #include <algorithm>
@@ -276,6 +278,18 @@ double predicted_step(const lists& compute, int m, const schedule_times& t) {
 /// whose step under `times` is shortest. Ties keep the earlier.
 lists zb_hetero_lists(const pipeline_layout& layout, int m,
                       const schedule_times& times) {
+  if (!layout.one_chunk_per_chip()) {
+    // Chips of several chunks, uneven too: the fastest greedy run.
+    greedy_run best;
+    best.step = -1;
+    for (auto w : {w_placement::fill, w_placement::eager, w_placement::last}) {
+      auto run = greedy_zero_bubble_lists(layout, m, times,
+                                          std::min(layout.chips, m), w);
+      if (best.step < 0 || run.step < best.step * (1 - 1e-12))
+        best = std::move(run);
+    }
+    return best.lists;
+  }
   if (times.forward.empty())
     return zb_h1_lists(layout, m, {});
   lists best = zb_h1_lists(layout, m, {});
@@ -449,10 +463,11 @@ std::string layout_problem(schedule_kind kind, const pipeline_layout& layout,
       return detail::concat("a chunk on chip ", chip, " of a ", layout.chips,
                             "-chip pipeline");
   switch (kind) {
+    case schedule_kind::zb_hetero: // any layout (schedule_greedy.hpp)
+      return "";
     case schedule_kind::gpipe:
     case schedule_kind::one_f_one_b:
     case schedule_kind::zb_h1:
-    case schedule_kind::zb_hetero:
       if (!layout.one_chunk_per_chip())
         return detail::concat(to_string(kind), " runs one chunk per chip; use "
                                                "interleaved-1f1b for several");
@@ -531,8 +546,9 @@ int in_flight_bound(schedule_kind kind, const pipeline_layout& layout, int chip,
                       v * micro_batches);
     }
     case schedule_kind::zb_h1:
-    case schedule_kind::zb_hetero:
       return std::min(p, micro_batches);
+    case schedule_kind::zb_hetero: // min(p, m) per chunk
+      return layout.chunks_of(chip) * std::min(p, micro_batches);
   }
   H2_ENFORCE(false, "unknown schedule_kind ", static_cast<int>(kind));
   return 0; // unreachable: H2_ENFORCE(false) throws

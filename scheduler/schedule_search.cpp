@@ -140,12 +140,129 @@ planned plan_interleaved(const job_config& job, chip_measurements& measurements,
   return std::move(*best);
 }
 
+/// `p` with the boundary between stages s and s + 1 of replica r moved by
+/// `delta` layers; nullopt when a stage would be left without layers.
+std::optional<plan> shifted(const plan& p, std::size_t r, std::size_t s,
+                            int delta) {
+  plan out = p;
+  auto& a = out.replicas[r].stages[s];
+  auto& b = out.replicas[r].stages[s + 1];
+  a.end_layer += delta;
+  b.first_layer += delta;
+  if (a.num_layers() < 1 || b.num_layers() < 1)
+    return std::nullopt;
+  return out;
+}
+
+} // namespace
+
+planned improve_boundaries(planner& p, planned start) {
+  for (int round = 0; round < 4 * max_climbed; ++round) {
+    std::optional<planned> step;
+    for (std::size_t r = 0; r < start.value.replicas.size(); ++r) {
+      const auto n = start.value.replicas[r].stages.size();
+      if (n > static_cast<std::size_t>(max_climbed))
+        continue;
+      for (std::size_t s = 0; s + 1 < n; ++s)
+        for (int delta : {-1, 1}) {
+          auto moved = shifted(start.value, r, s, delta);
+          if (!moved)
+            continue;
+          auto report = p.evaluate(*moved);
+          const double to_beat =
+            step ? step->report.step_seconds : start.report.step_seconds;
+          if (report.fits && report.step_seconds < to_beat * (1 - 1e-9))
+            step = planned{std::move(*moved), std::move(report)};
+        }
+    }
+    if (!step)
+      break;
+    start.value = std::move(step->value);
+    start.report = std::move(step->report);
+  }
+  return start;
+}
+
+namespace {
+
+/// zb-hetero: HeteroAuto's plan (one chunk per chip), then, in pipelines of
+/// up to max_climbed chips, each chip in turn given a second chunk at the
+/// pipeline's end (half its layers; the layout dealt({1, .., 2, .., 1})),
+/// and every chip two chunks (deal_chunks()), each with its boundaries
+/// improved on the simulator; the fastest kept. A plan with a second chunk
+/// is best found, not proven optimal.
+planned plan_zb_hetero(const job_config& job, chip_measurements& measurements,
+                       const planner_options& options) {
+  planner p(job, measurements, options);
+  planned best = p.run();
+  const std::size_t simulations = p.simulations();
+  const plan base = best.value;
+  for (std::size_t r = 0; r < base.replicas.size(); ++r) {
+    const auto& stages = base.replicas[r].stages;
+    if (stages.size() < 2 || stages.size() > max_climbed)
+      continue;
+    for (std::size_t k = 0; k < stages.size(); ++k) {
+      if (stages[k].num_layers() < 2)
+        continue;
+      // Chip k's later half of layers becomes the last chunk.
+      const int moved = stages[k].num_layers() / 2;
+      plan q = best.value;
+      auto& st = q.replicas[r].stages;
+      std::vector<int> counts;
+      for (const auto& s : st)
+        counts.push_back(s.num_layers());
+      counts[k] -= moved;
+      counts.push_back(moved);
+      st.push_back(st[k]);
+      int next = 0;
+      for (std::size_t s = 0; s < st.size(); ++s) {
+        st[s].first_layer = next;
+        st[s].end_layer = next += counts[s];
+      }
+      if (st[st.size() - 2].chip == st.back().chip)
+        continue; // the last chip's own stage: nothing to gain
+      auto report = p.evaluate(q);
+      if (!report.fits)
+        continue;
+      auto tried =
+        improve_boundaries(p, planned{std::move(q), std::move(report)});
+      if (tried.report.step_seconds < best.report.step_seconds * (1 - 1e-9)) {
+        tried.report.proven_optimal = false;
+        tried.report.candidates = best.report.candidates;
+        tried.report.shape = best.report.shape;
+        best = std::move(tried);
+      }
+    }
+  }
+  // Every chip of two chunks, dealt (ZB-H1's split on interleaved chunks).
+  if (auto dealt = deal_chunks(base, 2)) {
+    auto report = p.evaluate(*dealt);
+    if (report.fits) {
+      auto tried =
+        improve_boundaries(p, planned{std::move(*dealt), std::move(report)});
+      if (tried.report.step_seconds < best.report.step_seconds * (1 - 1e-9)) {
+        tried.report.proven_optimal = false;
+        best = std::move(tried);
+      }
+    }
+  }
+  best.report.simulations = simulations + p.simulations();
+  return best;
+}
+
 /// One schedule's plan.
 planned plan_one(const job_config& job, chip_measurements& measurements,
                  const planner_options& options) {
-  if (options.schedule.value_or(job.plan.schedule) ==
-      schedule_kind::interleaved_1f1b)
-    return plan_interleaved(job, measurements, options);
+  switch (options.schedule.value_or(job.plan.schedule)) {
+    case schedule_kind::interleaved_1f1b:
+      return plan_interleaved(job, measurements, options);
+    case schedule_kind::zb_hetero:
+      return plan_zb_hetero(job, measurements, options);
+    case schedule_kind::gpipe:
+    case schedule_kind::one_f_one_b:
+    case schedule_kind::zb_h1:
+      break;
+  }
   planner p(job, measurements, options);
   return p.run();
 }

@@ -118,6 +118,37 @@ INSTANTIATE_TEST_SUITE_P(
                "[true, false, false, true]"}),
   case_name);
 
+// zb-hetero on chips of several chunks, two each or uneven (chip 0:0 holds
+// the first and the last chunk): the greedy run's lists, bitwise the
+// single-chip trainer in fp32.
+TEST(actors_exactness_chunks, zb_hetero_on_chips_of_several_chunks) {
+  auto job =
+    parse_job(exact_job("fp32", 3, "[2, 2, 2]", "zb-hetero"), "chunks.toml");
+  const auto ref = train_reference(job, schedule_kind::zb_hetero, 3);
+  auto stage = [](int chip, int first, int end) {
+    return stage_plan{chip_id{0, chip}, first, end, false};
+  };
+  for (const auto& stages :
+       {std::vector<stage_plan>{stage(0, 0, 1), stage(1, 1, 3), stage(2, 3, 5),
+                                stage(0, 5, 6)},
+        std::vector<stage_plan>{stage(0, 0, 2), stage(1, 2, 3), stage(0, 3, 5),
+                                stage(1, 5, 6)}}) {
+    plan p = scheduler::make_plan(job);
+    p.replicas[0].stages = stages;
+    SCOPED_TRACE(to_json(p, -1));
+    validate_plan(p, job, "plan");
+    scheduler::check_plan_layout(p, "plan");
+    actors::local_job local(std::make_shared<job_config>(job), p);
+    recording_observer obs;
+    local.run({job.train.steps, true}, obs);
+    EXPECT_EQ(obs.losses(), ref.losses);
+    const auto params = local.parameters();
+    ASSERT_EQ(params.size(), ref.params.size());
+    for (std::size_t i = 0; i < params.size(); ++i)
+      EXPECT_EQ(params[i].values, ref.params[i].values) << params[i].name;
+  }
+}
+
 // bf16 chips (stages 1 and 3 of 4) against the fp32 single-chip reference.
 // The bounds: bf16 keeps 8 significant bits (unit roundoff 2^-9 = 0.2%);
 // matmuls accumulate in fp32 and the loss is computed in fp32, so each

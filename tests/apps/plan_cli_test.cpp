@@ -249,7 +249,7 @@ INSTANTIATE_TEST_SUITE_P(
                                     {});
                   },
                   "runs one chunk per chip; several need schedule = "
-                  "\"interleaved-1f1b\""},
+                  "\"interleaved-1f1b\" or \"zb-hetero\""},
     bad_plan_case{"unknown_flag",
                   [](const scratch_dir& d) {
                     return job_with(d, "[plan]", "[plan]", {"--frobnicate"});

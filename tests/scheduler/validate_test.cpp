@@ -4,6 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include <random>
+
 #include <algorithm>
 #include <string>
 #include <vector>
@@ -48,6 +50,37 @@ TEST(scheduler_validate, accepts_generated_schedules) {
   EXPECT_NO_THROW(validate(make_schedule(
     schedule_kind::interleaved_1f1b, pipeline_layout::dealt({2, 2, 2}), 5)));
   EXPECT_NO_THROW(validate(make_forward_schedule(3, 5)));
+}
+
+// zb-hetero on chips holding different numbers of chunks: the greedy run's
+// lists validate (no deadlock, the memory bound, W after B) and every chunk
+// runs its W in micro-batch order (the single chip's order of gradients).
+TEST(scheduler_validate, accepts_zb_hetero_on_uneven_layouts) {
+  std::mt19937_64 g(5);
+  std::uniform_real_distribution<double> t(0.3, 3);
+  std::uniform_int_distribution<int> count(1, 3);
+  for (int i = 0; i < 300; ++i) {
+    const int p = 2 + i % 4, m = 1 + i % 9;
+    std::vector<int> counts;
+    for (int k = 0; k < p; ++k)
+      counts.push_back(count(g));
+    const auto layout = pipeline_layout::dealt(counts);
+    schedule_times times;
+    for (int c = 0; c < layout.chunks(); ++c) {
+      times.forward.push_back(t(g));
+      times.input.push_back(t(g));
+      times.weight.push_back(t(g));
+    }
+    const auto sc = make_schedule(schedule_kind::zb_hetero, layout, m, times);
+    SCOPED_TRACE("case " + std::to_string(i));
+    EXPECT_NO_THROW(validate(sc));
+    std::vector<int> next_w(static_cast<std::size_t>(layout.chunks()), 0);
+    for (const auto& list : sc.ops)
+      for (const auto& x : list)
+        if (x.kind == op_kind::backward_weight) {
+          EXPECT_EQ(x.micro_batch, next_w[static_cast<std::size_t>(x.chunk)]++);
+        }
+  }
 }
 
 TEST(scheduler_validate, rejects_missing_backward) {

@@ -171,8 +171,9 @@ struct plan_config {
   /// Chunks (stages) each chip of `stages` holds, dealt round by round:
   /// stage i of the plan is on chip i mod stages.size() (Megatron's
   /// interleaved layout). `layers` and `recompute` then list every chunk,
-  /// in pipeline order. Default: default_chunks_per_chip(schedule); with
-  /// mode auto and no key, the planner chooses.
+  /// in pipeline order. Only interleaved-1f1b and zb-hetero run more than
+  /// one. Default: default_chunks_per_chip(schedule); with mode auto and no
+  /// key, the planner chooses.
   int chunks_per_chip = 1;
   /// True when the job file sets chunks_per_chip.
   bool chunks_given = false;

@@ -281,6 +281,13 @@ std::vector<schedule_choice>
 plan_each_schedule(const job_config& job, chip_measurements& measurements,
                    const planner_options& options = {});
 
+/// `start` improved one stage boundary at a time (a layer moved to the
+/// neighbouring stage) while `p` predicts a shorter step that fits, in
+/// replicas of up to 16 stages (larger ones are kept as they are): how
+/// plans with several chunks per chip are tuned (interleaved-1f1b,
+/// zb-hetero) and live-rebalanced.
+planned improve_boundaries(planner& p, planned start);
+
 /// True when `options` and `job` ask the planner to choose the schedule.
 bool searches_schedules(const job_config& job,
                         const planner_options& options) noexcept;

@@ -110,7 +110,8 @@ struct schedule_times {
 
 /// Why `kind` cannot run on `layout` with `micro_batches` micro-batches
 /// (one line, for a config_error), or "" when it can:
-/// - gpipe, 1f1b, zb-h1 and zb-hetero need one chunk per chip;
+/// - gpipe, 1f1b and zb-h1 need one chunk per chip; zb-hetero runs any
+///   layout, chips holding different numbers of chunks too;
 /// - interleaved-1f1b needs every chip to hold the same number v >= 2 of
 ///   chunks, dealt round by round (pipeline_layout::dealt), and at least as
 ///   many micro-batches as chips.
@@ -132,6 +133,10 @@ std::string layout_problem(schedule_kind kind, const pipeline_layout& layout,
 ///   most min(chips, micro_batches) micro-batches until their W.
 /// - zb_hetero: zb_h1 with the waits predicted from `times`, each chip's
 ///   own: on mixed chips W fills the idle time a slower neighbour causes.
+///   On a layout of several chunks per chip (even or not): the order a
+///   greedy run on `times` gives (B first, forwards within min(chips,
+///   micro_batches) per chunk; W into the waits it fits, right after its
+///   B, or last, whichever run is shortest).
 /// Throws h2::internal_error when layout_problem() is not empty or
 /// micro_batches < 1.
 schedule make_schedule(schedule_kind kind, const pipeline_layout& layout,
@@ -153,7 +158,8 @@ schedule make_forward_schedule(int chips, int micro_batches);
 /// backward or, when the backward is split, its W (H2's W keeps the chunk's
 /// autograd graph). gpipe: micro_batches x chunks; one_f_one_b:
 /// min(chips - chip, micro_batches); interleaved_1f1b: its warm-up plus one,
-/// at most v x micro_batches; zb_h1, zb_hetero: min(chips, micro_batches).
+/// at most v x micro_batches; zb_h1: min(chips, micro_batches); zb_hetero:
+/// that per chunk the chip holds.
 /// Throws h2::internal_error on arguments out of range.
 int in_flight_bound(schedule_kind kind, const pipeline_layout& layout, int chip,
                     int micro_batches);
