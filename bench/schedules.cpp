@@ -235,7 +235,11 @@ void cluster_1024(std::vector<bench::record>& records) {
 void draw_timelines(const std::string& dir) {
   const int p = 4, m = 8;
   for (auto kind : all_schedule_kinds) {
-    const int v = kind == schedule_kind::interleaved_1f1b ? 2 : 1;
+    // zb-hetero is zb-h1 on one chunk of identical chips: drawn on two.
+    const int v = kind == schedule_kind::interleaved_1f1b ||
+                      kind == schedule_kind::zb_hetero
+                    ? 2
+                    : 1;
     scheduler::simulated_pipeline pipe;
     pipe.kind = kind;
     pipe.micro_batches = m;
