@@ -607,8 +607,7 @@ std::string admin(self_ptr self, const runtime::admin_command& cmd) {
                "],\"moved_bytes\":" + std::to_string(p->moved_bytes) + "}";
       }
       plan p = plan_from_json(cmd.plan_json, "the admin's plan");
-      validate_plan(p, job, "the admin's plan");
-      scheduler::check_plan_layout(p, "the admin's plan");
+      scheduler::check_plan(p, job, "the admin's plan");
       if (plan_chips(p) != plan_chips(ctx.the_plan)) {
         if (!cmd.restart)
           throw admin_error(
@@ -778,8 +777,7 @@ void check_replans(const std::map<int, plan>& replans, const plan& start,
                    const job_config& job) {
   for (const auto& [step, p] : replans) {
     const std::string where = "the re-plan before step " + std::to_string(step);
-    validate_plan(p, job, where);
-    scheduler::check_plan_layout(p, where);
+    scheduler::check_plan(p, job, where);
     if (plan_chips(p) != plan_chips(start))
       throw config_error(where, "a live re-plan keeps the chips and their "
                                 "order; this one changes them (that needs "

@@ -207,8 +207,7 @@ std::map<int, plan> replans_from(const run_flags& flags,
                          "expected STEP:PLAN.json, got \"" + r + "\"");
     const std::string path = r.substr(colon + 1);
     plan p = plan_from_json(read_file(path, "plan file"), path);
-    validate_plan(p, job, path);
-    scheduler::check_plan_layout(p, path);
+    scheduler::check_plan(p, job, path);
     if (!out.emplace(step, std::move(p)).second)
       throw config_error("--replan", "two re-plans before step " +
                                        std::to_string(step));
@@ -220,8 +219,7 @@ chosen_plan choose_plan(const run_flags& flags, const job_config& job) {
   if (!flags.plan_path.empty()) {
     plan p =
       plan_from_json(read_file(flags.plan_path, "plan file"), flags.plan_path);
-    validate_plan(p, job, flags.plan_path);
-    scheduler::check_plan_layout(p, flags.plan_path);
+    scheduler::check_plan(p, job, flags.plan_path);
     return {std::move(p), std::nullopt};
   }
   if (job.plan.mode != plan_mode::automatic)

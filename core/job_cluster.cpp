@@ -155,6 +155,34 @@ std::vector<chip_id> read_stage_chips(const toml::array& a,
 
 /// One [topology.<tier>] table: bandwidth_gb_per_s and latency_seconds,
 /// both optional (absent: the chips' own figures).
+/// [plan] chunks_per_chip, after the schedule and the chips are read.
+void read_chunks_per_chip(table_reader& t, plan_config& p, int chips,
+                          int layers) {
+  p.chunks_given = t.has("chunks_per_chip");
+  p.chunks_per_chip =
+    positive_int(t, "chunks_per_chip", default_chunks_per_chip(p.schedule));
+  if (p.chunks_given && !p.search_schedule &&
+      p.chunks_per_chip != default_chunks_per_chip(p.schedule) &&
+      p.schedule != schedule_kind::interleaved_1f1b &&
+      p.schedule != schedule_kind::zb_hetero)
+    throw config_error(t.path("chunks_per_chip"),
+                       std::string(to_string(p.schedule)) +
+                         " runs one chunk per chip; several need schedule = "
+                         "\"interleaved-1f1b\" or \"zb-hetero\"");
+  if (p.schedule == schedule_kind::interleaved_1f1b && !p.search_schedule &&
+      p.chunks_per_chip < 2)
+    throw config_error(t.path("chunks_per_chip"),
+                       "interleaved-1f1b needs at least 2 chunks per chip");
+  if (p.mode != plan_mode::automatic && p.chunks_per_chip > 1 &&
+      chips * p.chunks_per_chip > layers)
+    throw config_error(t.path("chunks_per_chip"),
+                       std::to_string(chips) + " chips x " +
+                         std::to_string(p.chunks_per_chip) +
+                         " chunks need at least as many layers, but the "
+                         "model has " +
+                         std::to_string(layers));
+}
+
 void read_tier(table_reader& topology, std::string_view key,
                tier_figures& out) {
   auto t = topology.maybe_table(key);
@@ -256,29 +284,7 @@ void read_plan(table_reader& root, job_config& job) {
   }
   const int chips = static_cast<int>(p.stages.size());
   const int layers = job.model.num_layers();
-  p.chunks_given = t->has("chunks_per_chip");
-  p.chunks_per_chip =
-    positive_int(*t, "chunks_per_chip", default_chunks_per_chip(p.schedule));
-  if (p.chunks_given && !p.search_schedule &&
-      p.chunks_per_chip != default_chunks_per_chip(p.schedule) &&
-      p.schedule != schedule_kind::interleaved_1f1b &&
-      p.schedule != schedule_kind::zb_hetero)
-    throw config_error(t->path("chunks_per_chip"),
-                       std::string(to_string(p.schedule)) +
-                         " runs one chunk per chip; several need schedule = "
-                         "\"interleaved-1f1b\" or \"zb-hetero\"");
-  if (p.schedule == schedule_kind::interleaved_1f1b && !p.search_schedule &&
-      p.chunks_per_chip < 2)
-    throw config_error(t->path("chunks_per_chip"),
-                       "interleaved-1f1b needs at least 2 chunks per chip");
-  if (p.mode != plan_mode::automatic && p.chunks_per_chip > 1 &&
-      chips * p.chunks_per_chip > layers)
-    throw config_error(t->path("chunks_per_chip"),
-                       std::to_string(chips) + " chips x " +
-                         std::to_string(p.chunks_per_chip) +
-                         " chunks need at least as many layers, but the "
-                         "model has " +
-                         std::to_string(layers));
+  read_chunks_per_chip(*t, p, chips, layers);
   // Stages of the plan: a chunk each (one per chip unless chunks_per_chip).
   const int stages = chips * p.chunks_per_chip;
   const toml::array* layer_counts = t->maybe_array("layers");

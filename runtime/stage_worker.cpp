@@ -181,13 +181,6 @@ make_worker_setups(const std::shared_ptr<const job_config>& job,
   return out;
 }
 
-bool worker_setup::holds_layer(int layer) const noexcept {
-  for (const auto& c : chunks)
-    if (c.first_layer <= layer && layer < c.end_layer)
-      return true;
-  return false;
-}
-
 void worker_setup::close_channels() const noexcept {
   for (const auto& [peer, link] : peers)
     if (link.channel)

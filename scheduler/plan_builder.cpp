@@ -44,8 +44,7 @@ plan make_plan(const job_config& job) {
     r.stages.push_back(sp);
   }
   p.replicas.push_back(std::move(r));
-  validate_plan(p, job, "plan");
-  check_plan_layout(p, "plan");
+  check_plan(p, job, "plan");
   return p;
 }
 
@@ -85,24 +84,6 @@ std::optional<plan> deal_chunks(const plan& p, int v) {
   return out;
 }
 
-std::optional<plan> move_layer(const plan& p, int replica, int from, int to) {
-  plan out = p;
-  auto& stages = out.replicas[static_cast<std::size_t>(replica)].stages;
-  auto& a = stages[static_cast<std::size_t>(from)];
-  auto& b = stages[static_cast<std::size_t>(to)];
-  if (from == to || a.num_layers() < 2)
-    return std::nullopt;
-  --a.end_layer;
-  ++b.end_layer;
-  int next = 0;
-  for (auto& st : stages) { // contiguous again, counts kept
-    const int n = st.num_layers();
-    st.first_layer = next;
-    st.end_layer = next += n;
-  }
-  return out;
-}
-
 int chunks_per_chip(const plan& p) {
   H2_ENFORCE(!p.replicas.empty(), "a plan without replicas");
   const auto& r = p.replicas.front();
@@ -116,7 +97,9 @@ pipeline_layout layout_of(const replica_plan& r) {
   return out;
 }
 
-void check_plan_layout(const plan& p, const std::string& origin) {
+void check_plan(const plan& p, const job_config& job,
+                const std::string& origin) {
+  validate_plan(p, job, origin);
   for (std::size_t ri = 0; ri < p.replicas.size(); ++ri) {
     const auto& r = p.replicas[ri];
     const auto why = layout_problem(p.schedule, layout_of(r), r.micro_batches);

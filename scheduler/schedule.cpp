@@ -469,8 +469,9 @@ std::string layout_problem(schedule_kind kind, const pipeline_layout& layout,
     case schedule_kind::one_f_one_b:
     case schedule_kind::zb_h1:
       if (!layout.one_chunk_per_chip())
-        return detail::concat(to_string(kind), " runs one chunk per chip; use "
-                                               "interleaved-1f1b for several");
+        return detail::concat(to_string(kind),
+                              " runs one chunk per chip; use "
+                              "interleaved-1f1b or zb-hetero for several");
       return "";
     case schedule_kind::interleaved_1f1b: {
       const int v = layout.chunks() / layout.chips;

@@ -1,6 +1,7 @@
 // HeteroAuto over every schedule (docs/planner.md, "Choosing a schedule"):
-// each planned alone, the fastest kept; interleaved-1f1b from HeteroAuto's
-// 1F1B plan, its chips' layers dealt into chunks.
+// each planned alone, the fastest kept; interleaved-1f1b and zb-hetero's
+// layouts of several chunks per chip from HeteroAuto's one-chunk plans,
+// their boundaries improved on the simulator.
 #include "h2/scheduler/plan_builder.hpp"
 #include "h2/scheduler/planner.hpp"
 
@@ -10,8 +11,8 @@ namespace h2::scheduler {
 
 namespace {
 
-/// The longest pipeline whose dealt layer counts interleaved-1f1b's
-/// planning improves by moving layers (each round simulates n^2 moves).
+/// The deepest replica whose stage boundaries improve_boundaries() moves
+/// (each round simulates 2 (n - 1) moves).
 constexpr int max_climbed = 16;
 
 /// Micro-batch sizes at most `cap`, of those `options` allows.
@@ -26,22 +27,17 @@ std::vector<int> sizes_up_to(int cap, const planner_options& options) {
   return out;
 }
 
-/// interleaved-1f1b: HeteroAuto's 1F1B plan (chips, their layers,
-/// micro-batching, recomputation) with each chip's layers dealt into v
-/// chunks (deal_chunks()); v as the job says (plan.chunks_per_chip) or the
-/// fastest of 2 to 4 that fits, then each chip's count of layers improved
-/// one move at a time on the simulator. When the 1F1B plan has fewer
-/// micro-batches than chips in a pipeline (interleaving needs as many),
-/// HeteroAuto plans 1F1B again with micro-batches small enough. Not proven
-/// optimal: a local search, with no bound.
-planned plan_interleaved(const job_config& job, chip_measurements& measurements,
-                         const planner_options& options) {
-  planner_options o = options;
-  o.schedule = schedule_kind::one_f_one_b;
-  o.search_schedules = false;
+/// The 1F1B plans interleaving starts from: HeteroAuto's, and, when that
+/// has fewer micro-batches than chips in a pipeline (interleaving needs as
+/// many), HeteroAuto's with micro-batches small enough. Adds the
+/// simulations they took to `simulations`.
+std::vector<planned> one_f_one_b_bases(const job_config& job,
+                                       chip_measurements& measurements,
+                                       const planner_options& o,
+                                       std::size_t& simulations) {
   planner p(job, measurements, o);
   std::vector<planned> bases{p.run()};
-  std::size_t simulations = p.simulations();
+  simulations += p.simulations();
   int cap = job.train.global_batch;
   bool too_few = false;
   for (const auto& r : bases.front().value.replicas) {
@@ -57,84 +53,80 @@ planned plan_interleaved(const job_config& job, chip_measurements& measurements,
       bases.push_back(q.run());
       simulations += q.simulations();
     } catch (const infeasible_error&) {
+      // Nothing fits with smaller micro-batches: the first base stands.
     }
   }
-  const std::vector<int> tried = job.plan.chunks_given
-                                   ? std::vector<int>{job.plan.chunks_per_chip}
-                                   : std::vector<int>{2, 3, 4};
-  // The prediction of `single`'s layers dealt into v chunks, if it runs.
-  auto dealt_of = [&](const plan& single, int v) -> std::optional<planned> {
-    auto dealt = deal_chunks(single, v);
-    if (!dealt)
-      return std::nullopt; // one chip, or too few layers
-    dealt->schedule = schedule_kind::interleaved_1f1b;
-    for (const auto& r : dealt->replicas)
-      if (!layout_problem(dealt->schedule, layout_of(r), r.micro_batches)
-             .empty())
-        return std::nullopt; // fewer micro-batches than chips
-    auto report = p.evaluate(*dealt);
-    if (!report.fits)
-      return std::nullopt;
-    return planned{std::move(*dealt), std::move(report)};
-  };
-  std::optional<planned> best;
-  for (const auto& base : bases)
-    for (int v : tried) {
-      plan single = base.value;
-      auto current = dealt_of(single, v);
-      // Chunks change what balances the chips: move one layer at a time
-      // between two chips of a replica while the prediction improves
-      // (pipelines of up to max_climbed chips).
-      for (int round = 0; current && round < 4 * max_climbed; ++round) {
-        std::optional<std::pair<plan, planned>> step;
-        for (std::size_t r = 0; r < single.replicas.size(); ++r) {
-          const int n = static_cast<int>(single.replicas[r].stages.size());
-          if (n > max_climbed)
-            continue;
-          for (int a = 0; a < n; ++a)
-            for (int b = 0; b < n; ++b) {
-              auto moved = move_layer(single, static_cast<int>(r), a, b);
-              auto e = moved ? dealt_of(*moved, v) : std::nullopt;
-              const double to_beat = step ? step->second.report.step_seconds
-                                          : current->report.step_seconds;
-              if (e && e->report.step_seconds < to_beat * (1 - 1e-9))
-                step.emplace(std::move(*moved), std::move(*e));
-            }
-        }
-        if (!step)
-          break;
-        single = std::move(step->first);
-        current = std::move(step->second);
-      }
-      if (current &&
-          (!best || current->report.step_seconds < best->report.step_seconds)) {
-        best = std::move(current);
-        best->report.candidates = base.report.candidates;
-        best->report.shape = base.report.shape;
-      }
-    }
+  return bases;
+}
+
+/// Why no 1F1B plan of `bases` could be interleaved, as an infeasible_error.
+infeasible_error not_interleaved(const job_config& job,
+                                 const std::vector<planned>& bases) {
+  const std::string shape = "interleaved-1f1b: HeteroAuto's 1F1B plan (" +
+                            bases.front().report.shape + ")";
   int longest = 0;
   for (const auto& base : bases)
     for (const auto& r : base.value.replicas)
       longest = std::max(longest, static_cast<int>(r.stages.size()));
-  if (!best && longest * 2 > job.model.num_layers())
-    throw infeasible_error("interleaved-1f1b: HeteroAuto's 1F1B plan (" +
-                             bases.front().report.shape + ") pipelines over " +
-                             std::to_string(longest) +
-                             " chips, and the model's " +
-                             std::to_string(job.model.num_layers()) +
-                             " layers cannot give each of them 2 chunks",
-                           std::nullopt);
-  if (!best)
-    throw infeasible_error(
-      "interleaved-1f1b: HeteroAuto's 1F1B plan (" +
-        bases.front().report.shape + ") cannot be dealt into " +
-        (job.plan.chunks_given ? std::to_string(job.plan.chunks_per_chip)
-                               : std::string("2 to 4")) +
-        " chunks per chip that fit: a chip holds too few layers, a "
-        "replica has fewer micro-batches than chips, or the chunks' "
-        "activations outgrow a chip's memory",
+  if (longest * 2 > job.model.num_layers())
+    return infeasible_error(
+      shape + " pipelines over " + std::to_string(longest) +
+        " chips, and the model's " + std::to_string(job.model.num_layers()) +
+        " layers cannot give each of them 2 chunks",
       std::nullopt);
+  return infeasible_error(
+    shape + " cannot be dealt into " +
+      (job.plan.chunks_given ? std::to_string(job.plan.chunks_per_chip)
+                             : std::string("2 to 4")) +
+      " chunks per chip that fit: a replica has one chip or fewer "
+      "micro-batches than chips, or the chunks' activations outgrow a "
+      "chip's memory",
+    std::nullopt);
+}
+
+/// interleaved-1f1b: a 1F1B plan of HeteroAuto's (chips, their layers,
+/// micro-batching, recomputation) with each chip's layers dealt into v
+/// chunks (deal_chunks()), v as the job says (plan.chunks_per_chip) or 2
+/// to 4, its boundaries improved on the simulator; the fastest that fits.
+/// Not proven optimal: a local search, with no bound.
+planned plan_interleaved(const job_config& job, chip_measurements& measurements,
+                         const planner_options& options) {
+  planner_options o = options;
+  o.schedule = schedule_kind::one_f_one_b;
+  o.search_schedules = false;
+  std::size_t simulations = 0;
+  const auto bases = one_f_one_b_bases(job, measurements, o, simulations);
+  planner p(job, measurements, o);
+  const std::vector<int> tried = job.plan.chunks_given
+                                   ? std::vector<int>{job.plan.chunks_per_chip}
+                                   : std::vector<int>{2, 3, 4};
+  std::optional<planned> best;
+  for (const auto& base : bases)
+    for (int v : tried) {
+      auto dealt = deal_chunks(base.value, v);
+      if (!dealt)
+        continue; // one chip, or too few layers
+      dealt->schedule = schedule_kind::interleaved_1f1b;
+      bool runs = true;
+      for (const auto& r : dealt->replicas)
+        runs =
+          runs && layout_problem(dealt->schedule, layout_of(r), r.micro_batches)
+                    .empty();
+      if (!runs)
+        continue; // fewer micro-batches than chips
+      auto report = p.evaluate(*dealt);
+      if (!report.fits)
+        continue;
+      auto tried_plan =
+        improve_boundaries(p, planned{std::move(*dealt), std::move(report)});
+      if (!best || tried_plan.report.step_seconds < best->report.step_seconds) {
+        best = std::move(tried_plan);
+        best->report.candidates = base.report.candidates;
+        best->report.shape = base.report.shape;
+      }
+    }
+  if (!best)
+    throw not_interleaved(job, bases);
   best->report.simulations = simulations + p.simulations();
   best->report.proven_optimal = false;
   return std::move(*best);

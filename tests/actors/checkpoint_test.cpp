@@ -305,8 +305,7 @@ TEST_F(actors_checkpoint, resume_under_interleaved_and_back_equals_one_run) {
                                     {chip_id{0, 1}, 2, 3, false},
                                     {chip_id{0, 0}, 3, 5, false},
                                     {chip_id{0, 1}, 5, 6, false}};
-  validate_plan(interleaved, *split_job, "interleaved plan");
-  scheduler::check_plan_layout(interleaved, "interleaved plan");
+  scheduler::check_plan(interleaved, *split_job, "interleaved plan");
   const auto second = run(split_job, interleaved, 4, latest("split"));
   const auto third = run(split_job, one_chunk, 6, latest("split"));
   EXPECT_EQ(second.losses, std::vector<double>(whole.losses.begin() + 2,

@@ -136,8 +136,7 @@ TEST(actors_exactness_chunks, zb_hetero_on_chips_of_several_chunks) {
     plan p = scheduler::make_plan(job);
     p.replicas[0].stages = stages;
     SCOPED_TRACE(to_json(p, -1));
-    validate_plan(p, job, "plan");
-    scheduler::check_plan_layout(p, "plan");
+    scheduler::check_plan(p, job, "plan");
     actors::local_job local(std::make_shared<job_config>(job), p);
     recording_observer obs;
     local.run({job.train.steps, true}, obs);

@@ -126,6 +126,23 @@ TEST(actors_replicas, heterogeneous_replicas_equal_one_chip) {
   expect_replicas_identical(r, p);
 }
 
+TEST(actors_replicas, interleaved_replicas_equal_one_chip) {
+  // Two replicas of two chips, two chunks each, cut differently: a chip's
+  // layers are not contiguous (0:0 holds layers 0-1 and 3-4), so every
+  // layer is a reduction group of its own, and two chips meet in several.
+  auto job = parse_job(replica_job, "replicas.toml");
+  plan p;
+  p.schedule = schedule_kind::interleaved_1f1b;
+  p.replicas = {
+    {{stage(0, 0, 2), stage(1, 2, 3), stage(0, 3, 5), stage(1, 5, 6)}, 2, 2},
+    {{stage(2, 0, 1), stage(3, 1, 3), stage(2, 3, 4), stage(3, 4, 6)}, 2, 2}};
+  scheduler::check_plan(p, job, "plan");
+  EXPECT_EQ(reduction_groups(p).size(), 6u);
+  auto r = run(job, p);
+  expect_close_to_reference(job, r);
+  expect_replicas_identical(r, p);
+}
+
 // A live rebalance may shift sequences between replicas (docs/rebalance.md):
 // micro-batch counts change at a step boundary, the loss stays scaled by
 // the global batch's tokens, so gradients stay token-weighted. Only the

@@ -125,6 +125,22 @@ std::vector<bad_input_case> cases() {
              {"plan.json.replicas[0].stages[1].chip", "3:0"}),
     bad_plan("plan_batch_differs_from_the_job", plan_json(good_stages, 2, 3),
              {"plan.json.replicas", "train.global_batch"}),
+    bad_plan("plan_gives_a_1f1b_chip_two_chunks",
+             R"({"format": "h2-plan", "version": 2, "schedule": "1f1b",
+  "replicas": [{"micro_batch_size": 2, "micro_batches": 4, "stages": [
+    {"chip": "0:0", "layers": [0, 2]}, {"chip": "1:0", "layers": [2, 4]},
+    {"chip": "0:0", "layers": [4, 6]}]}]})",
+             {"plan.json.replicas[0].stages",
+              "1f1b runs one chunk per chip; use interleaved-1f1b or "
+              "zb-hetero"}),
+    bad_plan("plan_interleaves_unevenly",
+             R"({"format": "h2-plan", "version": 2,
+  "schedule": "interleaved-1f1b",
+  "replicas": [{"micro_batch_size": 2, "micro_batches": 4, "stages": [
+    {"chip": "0:0", "layers": [0, 2]}, {"chip": "1:0", "layers": [2, 4]},
+    {"chip": "0:0", "layers": [4, 6]}]}]})",
+             {"plan.json.replicas[0].stages",
+              "interleaved-1f1b needs every chip to hold the same number"}),
     {"plan_file_does_not_exist",
      [](const scratch_dir& dir) {
        auto job = dir.write("job.toml", small_job);

@@ -105,7 +105,7 @@ plan plan_from_json(const std::string& text, const std::string& origin);
 /// no two neighbouring stages share a chip, each replica's stages cover
 /// layers 0..num_layers() contiguously, micro-batches add up to the job's
 /// global batch. Whether the schedule can run the stages' layout is the
-/// scheduler's check (scheduler/plan_builder.hpp, check_plan_layout).
+/// scheduler's check (scheduler/plan_builder.hpp, check_plan).
 /// Throws config_error (key path prefixed with `origin`).
 void validate_plan(const plan& p, const job_config& job,
                    const std::string& origin);

@@ -84,10 +84,8 @@ struct worker_setup {
   /// Closes every channel: waiting neighbours fail with peer_closed.
   void close_channels() const noexcept;
 
-  /// Layers [first, end) of the chip's first chunk ... last chunk.
+  /// The first layer of the chip's first chunk.
   int first_layer() const { return chunks.front().first_layer; }
-  /// True when the chip holds `layer`.
-  bool holds_layer(int layer) const noexcept;
 };
 
 /// Each stage's forward, B and W seconds of one micro-batch in replica `r`

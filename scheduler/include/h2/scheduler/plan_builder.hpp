@@ -40,22 +40,19 @@ plan even_plan(const job_config& job, const std::vector<chip_id>& chips);
 /// is left as `p`'s.
 std::optional<plan> deal_chunks(const plan& p, int v);
 
-/// `p` (one stage per chip) with one layer less on stage `from` and one
-/// more on stage `to` of replica `replica`, the stages contiguous again;
-/// nullopt when `from` == `to` or `from` holds one layer. What
-/// interleaved-1f1b's planning tries on the counts it deals.
-std::optional<plan> move_layer(const plan& p, int replica, int from, int to);
-
 /// The chunks per chip of `p` (its first replica's stages over its chips).
 int chunks_per_chip(const plan& p);
 
 /// Which chip (pipeline position, replica_chips()) holds which stage of `r`.
 pipeline_layout layout_of(const replica_plan& r);
 
-/// Throws config_error (key `origin`.replicas[i].stages) when `p`'s schedule
-/// cannot run the layout of a replica's stages (layout_problem()): several
-/// chunks per chip under 1f1b, uneven or non-dealt chunks under
-/// interleaved-1f1b, fewer micro-batches than chips.
-void check_plan_layout(const plan& p, const std::string& origin);
+/// validate_plan(), then throws config_error (key
+/// `origin`.replicas[i].stages) when `p`'s schedule cannot run the layout
+/// of a replica's stages (layout_problem()): several chunks per chip under
+/// 1f1b, gpipe or zb-h1, uneven or non-dealt chunks or fewer micro-batches
+/// than chips under interleaved-1f1b. How every plan from outside (a file,
+/// the admin, a re-plan) is checked.
+void check_plan(const plan& p, const job_config& job,
+                const std::string& origin);
 
 } // namespace h2::scheduler
