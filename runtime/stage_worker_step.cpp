@@ -1,5 +1,5 @@
-// A chip's step: the op list of its chunk (scheduler/schedule.hpp) run on
-// its device, and the forward-only validation pass.
+// A chip's step: the op list over its chunks (scheduler/schedule.hpp) run
+// on its device, and the forward-only validation pass.
 #include "h2/runtime/stage_worker.hpp"
 
 #include "stage_worker_context.hpp"

@@ -210,7 +210,7 @@ private:
   void end_op();
   memory_report memory_now() const;
   /// The micro-batch of `split` that starts at `first_sequence`, on the
-  /// chip (stages with the embedding or the head only).
+  /// chip (chunks with the embedding or the head only).
   model::micro_batch load_batch(model::split split, std::int64_t step,
                                 int first_sequence, double scale) const;
   /// Throws internal_error naming `what` unless `t` lives on the chip
