@@ -20,13 +20,16 @@ GENERATOR  ?= Ninja
 generator_of = $(if $(wildcard $(1)/CMakeCache.txt),,-G "$(GENERATOR)")
 
 # Everything the build, the tests and the demo need, from Debian 12
-# (python3-torch and python3-numpy: tests/python, docs/export.md).
+# (python3-torch, python3-numpy and python3-sentencepiece: tests/python,
+# docs/export.md; sentencepiece's spm_encode: bench_tokenize; fortunes: the
+# text corpus of examples/text.toml).
 DEB_PACKAGES := \
   cmake g++ make ninja-build pkg-config \
   libcaf-dev libtorch-dev libopenblas0-openmp \
   libasio-dev libtomlplusplus-dev nlohmann-json3-dev libcli11-dev libssl-dev \
   libgtest-dev libgmock-dev libbenchmark-dev libgloo-dev \
   python3-torch python3-numpy \
+  libsentencepiece-dev sentencepiece python3-sentencepiece fortunes \
   libibverbs-dev librdmacm-dev libamdhip64-dev \
   prometheus iproute2 procps openssl \
   clang-14 libclang-rt-14-dev

@@ -280,7 +280,7 @@ void on_written(self_ptr self, const std::vector<stage_plan>& chunks,
   std::sort(all.begin(), all.end(),
             [](const auto& a, const auto& b) { return a.layer < b.layer; });
   auto manifest = ctx.manifest;
-  manifest.step = step;
+  runtime::at_step(manifest, step);
   manifest.files = std::move(all);
   ctx.checkpoints->publish(
     std::move(manifest),

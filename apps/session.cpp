@@ -1,5 +1,7 @@
 #include "h2/apps/session.hpp"
 
+#include "h2/apps/cli.hpp"
+
 #include "h2/apps/app.hpp"
 #include "h2/core/error.hpp"
 #include "h2/runtime/admin.hpp"
@@ -67,15 +69,8 @@ int parse_and_run(CLI::App& cli, int argc, char** argv,
                   const std::string& program,
                   const std::function<int()>& body) {
   return run_app(program, [&] {
-    try {
-      cli.parse(argc, argv);
-    } catch (const CLI::ParseError& e) {
-      if (e.get_exit_code() == 0) // --help
-        return cli.exit(e);
-      // One line like every other bad input (CLI11's own report adds a
-      // second line, "Run with --help ...").
-      throw config_error("", std::string(e.what()) + " (see --help)");
-    }
+    if (const auto code = parse_cli(cli, argc, argv))
+      return *code;
     return body();
   });
 }

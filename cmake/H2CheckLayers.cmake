@@ -1,6 +1,7 @@
 # The include rules between modules (docs/architecture.md, "Modules and who
 # may use whom"), checked on the sources as text:
-#   core/, scheduler/, metrics/  no libtorch (ATen, c10, torch) and no CAF
+#   core/, corpus/, scheduler/, metrics/  no libtorch (ATen, c10, torch)
+#                                and no CAF
 #   runtime/                     no CAF
 #   actors/                      no ATen, c10 or torch include of its own
 # Run at configure time (H2Layers.cmake) and as the CTest test "layering":
@@ -14,6 +15,8 @@ set(_caf_include "^[ \t]*#[ \t]*include[ \t]*[<\"]caf/")
 set(_rules
   "core!${_torch_include}!libtorch"
   "core!${_caf_include}!CAF"
+  "corpus!${_torch_include}!libtorch"
+  "corpus!${_caf_include}!CAF"
   "scheduler!${_torch_include}!libtorch"
   "scheduler!${_caf_include}!CAF"
   "metrics!${_torch_include}!libtorch"

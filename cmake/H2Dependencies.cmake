@@ -7,6 +7,10 @@ find_package(nlohmann_json 3 REQUIRED)
 find_package(OpenSSL 3 REQUIRED) # job-secret HMACs (libssl-dev)
 find_package(CLI11 2 REQUIRED)
 
+# SentencePiece (libsentencepiece-dev): the tokenizer of model/tokenizer.cpp.
+find_package(PkgConfig REQUIRED)
+pkg_check_modules(SENTENCEPIECE REQUIRED IMPORTED_TARGET sentencepiece)
+
 find_path(ASIO_INCLUDE_DIR asio.hpp REQUIRED)
 add_library(h2_asio INTERFACE)
 add_library(h2::asio ALIAS h2_asio)

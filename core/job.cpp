@@ -141,33 +141,64 @@ void read_job_section(table_reader& root, job_config& job) {
 void read_model(table_reader& root, job_config& job) {
   auto t = root.required_table("model");
   auto& m = job.model;
+  m.family =
+    enum_value(t, "family", model_family::gpt2, "\"gpt2\", \"llama\"",
+               [](const std::string& s) -> std::optional<model_family> {
+                 if (s == "gpt2")
+                   return model_family::gpt2;
+                 if (s == "llama")
+                   return model_family::llama;
+                 return std::nullopt;
+               });
+  const bool llama = m.family == model_family::llama;
   m.vocab_size =
     positive_int(t, "vocab_size", std::nullopt, 2, max_vocab_size);
   m.seq_len = positive_int(t, "seq_len", std::nullopt, 1, max_seq_len);
   m.d_model = positive_int(t, "d_model", std::nullopt, 1, max_d_model);
   m.n_head = positive_int(t, "n_head", std::nullopt, 1, max_n_head);
   m.n_layer = positive_int(t, "n_layer", std::nullopt, 1, max_n_layer);
-  m.d_ff = positive_int(t, "d_ff", 4 * m.d_model, 1, max_d_ff);
+  m.d_ff = positive_int(t, "d_ff",
+                        llama ? default_llama_d_ff(m.d_model) : 4 * m.d_model,
+                        1, max_d_ff);
   if (m.d_model % m.n_head != 0)
     throw config_error(t.path("n_head"), std::to_string(m.n_head) +
                                            " does not divide "
                                            "model.d_model = " +
                                            std::to_string(m.d_model));
+  m.norm_eps = number_in(t, "norm_eps", m.norm_eps, 0, 1, true);
+  for (const char* key : {"n_kv_head", "rope_theta"})
+    if (!llama && t.has(key))
+      throw config_error(t.path(key), "only for family = \"llama\" (this "
+                                      "model is gpt2)");
+  m.n_kv_head = positive_int(t, "n_kv_head", m.n_head, 1, max_n_head);
+  if (m.n_head % m.n_kv_head != 0)
+    throw config_error(
+      t.path("n_kv_head"),
+      std::to_string(m.n_kv_head) +
+        " does not divide model.n_head = " + std::to_string(m.n_head));
+  if (llama && m.head_dim() % 2 != 0)
+    throw config_error(t.path("n_head"),
+                       "rotary embeddings need an even head width "
+                       "(d_model / n_head = " +
+                         std::to_string(m.head_dim()) + ")");
+  m.rope_theta = number_in(t, "rope_theta", m.rope_theta, 1, 1e12);
   t.finish();
 }
 
 void read_data(table_reader& root, job_config& job) {
   auto t = root.required_table("data");
   auto& d = job.data;
-  d.source =
-    enum_value(t, "source", source_kind::markov, "\"markov\", \"tokens\"",
-               [](const std::string& s) -> std::optional<source_kind> {
-                 if (s == "markov")
-                   return source_kind::markov;
-                 if (s == "tokens")
-                   return source_kind::tokens;
-                 return std::nullopt;
-               });
+  d.source = enum_value(t, "source", source_kind::markov,
+                        "\"markov\", \"tokens\", \"shards\"",
+                        [](const std::string& s) -> std::optional<source_kind> {
+                          if (s == "markov")
+                            return source_kind::markov;
+                          if (s == "tokens")
+                            return source_kind::tokens;
+                          if (s == "shards")
+                            return source_kind::shards;
+                          return std::nullopt;
+                        });
   if (d.source == source_kind::markov) {
     // The chain runs over vocab_size - 1 states; the last id is BOS.
     int states = job.model.vocab_size - 1;
@@ -186,6 +217,9 @@ void read_data(table_reader& root, job_config& job) {
     if (d.entropy_rate >= max_h)
       throw config_error(t.path("entropy_rate"),
                          "must be below ln(states) = " + std::to_string(max_h));
+  } else if (d.source == source_kind::shards) {
+    d.shards_dir = t.required<std::string>("shards");
+    d.val_fraction = number_in(t, "val_fraction", 0.1, 0, 0.5, true);
   } else {
     d.train_path = t.required<std::string>("train");
     d.val_path = t.optional<std::string>("val", "");

@@ -16,6 +16,21 @@ std::string_view to_string(layer_kind kind) noexcept {
   return "unknown";
 }
 
+std::string_view to_string(model_family family) noexcept {
+  switch (family) {
+    case model_family::gpt2:
+      return "gpt2";
+    case model_family::llama:
+      return "llama";
+  }
+  return "unknown";
+}
+
+int default_llama_d_ff(int d_model) noexcept {
+  const std::int64_t f = (8 * static_cast<std::int64_t>(d_model) + 2) / 3;
+  return static_cast<int>((f + 63) / 64 * 64);
+}
+
 layer_kind kind_of_layer(const gpt_config& cfg, int layer) {
   H2_ENFORCE(layer >= 0 && layer < cfg.num_layers(), "layer=", layer,
              " num_layers=", cfg.num_layers());
@@ -29,6 +44,18 @@ layer_kind kind_of_layer(const gpt_config& cfg, int layer) {
 std::int64_t layer_parameters(const gpt_config& cfg, int layer) {
   const std::int64_t d = cfg.d_model, f = cfg.d_ff, v = cfg.vocab_size,
                      t = cfg.seq_len;
+  if (cfg.family == model_family::llama) {
+    const std::int64_t kv = std::int64_t{cfg.kv_heads()} * cfg.head_dim();
+    switch (kind_of_layer(cfg, layer)) {
+      case layer_kind::embedding:
+        return v * d; // no position table: rotary positions
+      case layer_kind::block:
+        // two RMSNorms, q, k, v, o, and the MLP's gate, up and down
+        return 2 * d + 2 * d * d + 2 * d * kv + 3 * d * f;
+      case layer_kind::head:
+        return d + v * d; // final RMSNorm + LM head
+    }
+  }
   switch (kind_of_layer(cfg, layer)) {
     case layer_kind::embedding:
       return v * d + t * d;
@@ -72,16 +99,22 @@ layer_work compute_layer_work(const gpt_config& cfg, int layer, int micro_batch,
       w.backward_bytes = 4 * n * d * e;
       break;
     case layer_kind::block: {
-      double gemm = 2 * n * (4 * d * d + 2 * d * f);
+      const bool llama = cfg.family == model_family::llama;
+      // llama: q and o are d x d, k and v d x kv; three MLP matrices.
+      const double kv = static_cast<double>(cfg.kv_heads()) * cfg.head_dim();
+      double gemm = llama ? 2 * n * (2 * d * d + 2 * d * kv + 3 * d * f)
+                          : 2 * n * (4 * d * d + 2 * d * f);
       double attention = 4 * b * t * t * d;
       w.forward_flops = gemm + attention;
       w.backward_flops = 2 * w.forward_flops;
       // Every GEMM's weight gradient costs its forward again; attention's
       // products have no weights.
       w.weight_gradient_flops = gemm;
-      // Weights once; activations: LayerNorms, qkv, attention output,
-      // residuals and the MLP's hidden layer, plus the score matrices.
-      double act = n * (12 * d + 3 * f) * e + 2 * b * h * t * t * e;
+      // Weights once; activations: norms, q/k/v, attention output,
+      // residuals and the MLP's hidden layers, plus the score matrices.
+      double act =
+        (llama ? n * (8 * d + 2 * kv + 4 * f) : n * (12 * d + 3 * f)) * e +
+        2 * b * h * t * t * e;
       w.forward_bytes = weight_bytes + act;
       w.backward_bytes = 2 * weight_bytes + 2 * act;
       break;

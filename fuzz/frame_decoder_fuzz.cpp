@@ -5,7 +5,7 @@
 // header CRC, again with its CRC made to match.
 #include "fuzz.hpp"
 
-#include "h2/transport/crc32c.hpp"
+#include "h2/core/crc32c.hpp"
 #include "h2/transport/wire.hpp"
 
 #include <algorithm>
@@ -73,7 +73,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data,
   std::array<std::byte, wire::header_bytes + wire::placement_bytes> fixed{};
   const std::size_t n = std::min(size, fixed.size());
   std::memcpy(fixed.data(), in, n);
-  const std::uint32_t crc = h2::transport::crc32c(fixed.data(), 124);
+  const std::uint32_t crc = h2::crc32c(fixed.data(), 124);
   std::memcpy(fixed.data() + 124, &crc, sizeof(crc));
   if (std::memcmp(fixed.data(), in, wire::header_bytes) != 0)
     check_frame(fixed.data(), n);

@@ -8,7 +8,7 @@
 // is read past a frame or trusted before its check.
 #include "fuzz.hpp"
 
-#include "h2/transport/crc32c.hpp"
+#include "h2/core/crc32c.hpp"
 #include "h2/transport/handshake.hpp"
 
 #include <algorithm>

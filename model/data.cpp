@@ -339,6 +339,10 @@ std::unique_ptr<data_source> make_data_source(const job_config& job) {
   if (job.data.source == source_kind::markov)
     return std::make_unique<markov_source>(
       job.model.vocab_size, job.model.seq_len, job.data.entropy_rate, job.seed);
+  if (job.data.source == source_kind::shards)
+    return std::make_unique<shard_source>(job.data, job.model.seq_len,
+                                          job.model.vocab_size,
+                                          job.train.global_batch, job.seed);
   return std::make_unique<token_file_source>(job.data, job.model.seq_len,
                                              job.model.vocab_size, job.seed);
 }

@@ -2,6 +2,7 @@
 
 #include "h2/core/error.hpp"
 #include "h2/model/ops.hpp"
+#include "layer_parts.hpp"
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/TensorOperators.h>
@@ -27,6 +28,8 @@ at::Tensor& layer::add(std::string name, at::Tensor value, bool decay) {
   return params_.back().value;
 }
 
+namespace detail {
+
 namespace {
 
 /// SplitMix64: a well-mixed 64-bit seed from (seed, layer).
@@ -37,41 +40,40 @@ std::uint64_t layer_seed(std::uint64_t seed, int index) {
   return z ^ (z >> 31);
 }
 
-/// Draws initial weights in a fixed order from the layer's own generator,
-/// on the host (the same bits whatever the device), and puts them on
-/// `device`.
-class initializer {
-public:
-  initializer(std::uint64_t seed, int index, c10::Device device)
-      : gen_(at::make_generator<at::CPUGeneratorImpl>(layer_seed(seed, index))),
-        device_(device) {}
+} // namespace
 
-  at::Tensor normal(at::IntArrayRef shape, double std) {
-    auto t = at::empty(shape, at::kFloat);
-    t.normal_(0.0, std, gen_);
-    return t.to(device_);
-  }
+initializer::initializer(std::uint64_t seed, int index, c10::Device device)
+    : gen_(at::make_generator<at::CPUGeneratorImpl>(layer_seed(seed, index))),
+      device_(device) {
+}
 
-  at::Tensor zeros(at::IntArrayRef shape) const {
-    return at::zeros(shape, options());
-  }
+at::Tensor initializer::normal(at::IntArrayRef shape, double std) {
+  auto t = at::empty(shape, at::kFloat);
+  t.normal_(0.0, std, gen_);
+  return t.to(device_);
+}
 
-  at::Tensor ones(at::IntArrayRef shape) const {
-    return at::ones(shape, options());
-  }
+at::Tensor initializer::zeros(at::IntArrayRef shape) const {
+  return at::zeros(shape, at::TensorOptions(at::kFloat).device(device_));
+}
 
-private:
-  at::TensorOptions options() const {
-    return at::TensorOptions(at::kFloat).device(device_);
-  }
+at::Tensor initializer::ones(at::IntArrayRef shape) const {
+  return at::ones(shape, at::TensorOptions(at::kFloat).device(device_));
+}
 
-  at::Generator gen_;
-  c10::Device device_;
-};
+at::Tensor head_base::forward(const at::Tensor& x, const micro_batch& mb) {
+  H2_ENFORCE(mb.targets.defined(), "head needs targets");
+  auto loss = ops::cross_entropy_sum(logits(x).reshape({-1, vocab_}),
+                                     mb.targets.reshape({-1}));
+  return loss * mb.loss_scale;
+}
 
-// GPT-2's initialisation: N(0, 0.02) weights, residual projections scaled by
-// 1/sqrt(2 n_layer), zero biases, unit LayerNorm gains.
-constexpr double init_std = 0.02;
+} // namespace detail
+
+namespace {
+
+using detail::init_std;
+using detail::initializer;
 
 class embedding_layer final : public layer {
 public:
@@ -99,7 +101,8 @@ public:
               c10::Device device)
       : layer(index, layer_kind::block),
         n_head_(cfg.n_head),
-        d_model_(cfg.d_model) {
+        d_model_(cfg.d_model),
+        eps_(cfg.norm_eps) {
     initializer init(seed, index, device);
     const std::int64_t d = cfg.d_model, f = cfg.d_ff;
     const double proj_std = init_std / std::sqrt(2.0 * cfg.n_layer);
@@ -120,8 +123,8 @@ public:
   }
 
   at::Tensor forward(const at::Tensor& x, const micro_batch&) override {
-    auto h = x + attention(ops::layer_norm(x, ln1_w_, ln1_b_));
-    auto m = ops::layer_norm(h, ln2_w_, ln2_b_);
+    auto h = x + attention(ops::layer_norm(x, ln1_w_, ln1_b_, eps_));
+    auto m = ops::layer_norm(h, ln2_w_, ln2_b_, eps_);
     m = ops::linear(ops::gelu(ops::linear(m, fc1_w_, fc1_b_)), fc2_w_, fc2_b_);
     return h + m;
   }
@@ -147,16 +150,17 @@ private:
   }
 
   std::int64_t n_head_, d_model_;
+  double eps_;
   at::Tensor ln1_w_, ln1_b_, qkv_w_, qkv_b_, proj_w_, proj_b_;
   at::Tensor ln2_w_, ln2_b_, fc1_w_, fc1_b_, fc2_w_, fc2_b_;
   at::Tensor mask_;
 };
 
-class head_layer final : public layer {
+class head_layer final : public detail::head_base {
 public:
   head_layer(const gpt_config& cfg, int index, std::uint64_t seed,
              c10::Device device)
-      : layer(index, layer_kind::head), vocab_(cfg.vocab_size) {
+      : head_base(index, cfg.vocab_size), eps_(cfg.norm_eps) {
     initializer init(seed, index, device);
     ln_w_ = add("head.ln_f.weight", init.ones({cfg.d_model}), false);
     ln_b_ = add("head.ln_f.bias", init.zeros({cfg.d_model}), false);
@@ -164,26 +168,20 @@ public:
                 init.normal({cfg.vocab_size, cfg.d_model}, init_std), true);
   }
 
-  at::Tensor forward(const at::Tensor& x, const micro_batch& mb) override {
-    H2_ENFORCE(mb.targets.defined(), "head needs targets");
-    auto loss = ops::cross_entropy_sum(this->logits(x).reshape({-1, vocab_}),
-                                       mb.targets.reshape({-1}));
-    return loss * mb.loss_scale;
-  }
-
-  at::Tensor logits(const at::Tensor& x) const {
-    return ops::linear(ops::layer_norm(x, ln_w_, ln_b_), lm_w_, at::Tensor());
+  at::Tensor logits(const at::Tensor& x) const override {
+    return ops::linear(ops::layer_norm(x, ln_w_, ln_b_, eps_), lm_w_,
+                       at::Tensor());
   }
 
 private:
-  std::int64_t vocab_;
+  double eps_;
   at::Tensor ln_w_, ln_b_, lm_w_;
 };
 
 } // namespace
 
 at::Tensor head_logits(const layer& head, const at::Tensor& input) {
-  const auto* h = dynamic_cast<const head_layer*>(&head);
+  const auto* h = dynamic_cast<const detail::head_base*>(&head);
   H2_ENFORCE(h != nullptr, "head_logits of layer ", head.index(), ", a ",
              to_string(head.kind()));
   return h->logits(input);
@@ -191,15 +189,10 @@ at::Tensor head_logits(const layer& head, const at::Tensor& input) {
 
 std::unique_ptr<layer> make_layer(const gpt_config& cfg, int index,
                                   std::uint64_t seed, c10::Device device) {
-  switch (kind_of_layer(cfg, index)) {
-    case layer_kind::embedding:
-      return std::make_unique<embedding_layer>(cfg, index, seed, device);
-    case layer_kind::block:
-      return std::make_unique<block_layer>(cfg, index, seed, device);
-    case layer_kind::head:
-      return std::make_unique<head_layer>(cfg, index, seed, device);
-  }
-  throw internal_error("unknown layer kind");
+  if (cfg.family == model_family::llama)
+    return detail::make_llama_layer(cfg, index, seed, device);
+  return detail::make_family_layer<embedding_layer, block_layer, head_layer>(
+    cfg, index, seed, device);
 }
 
 } // namespace h2::model

@@ -56,11 +56,17 @@ private:
   at::Generator gen_;
 };
 
+/// Key/value heads of the grouped-query check: the model's when it groups
+/// its heads, else the fewest that still group them (one).
+std::int64_t gqa_heads(const gpt_config& g) {
+  return g.kv_heads() < g.n_head ? g.kv_heads() : 1;
+}
+
 std::vector<op_case> make_cases(const opcheck_options& o, draws& d) {
   const auto& g = o.shapes;
   const std::int64_t b = o.micro_batch, t = g.seq_len, m = g.d_model,
                      h = g.n_head, hd = g.d_model / g.n_head, f = g.d_ff,
-                     v = g.vocab_size;
+                     v = g.vocab_size, kv = gqa_heads(g);
   // Activations as the model sees them: N(0, 1) after a LayerNorm, weights
   // N(0, 0.02) (GPT-2's initialisation).
   std::vector<op_case> out;
@@ -78,8 +84,8 @@ std::vector<op_case> make_cases(const opcheck_options& o, draws& d) {
                  {{"x", d.normal({b, t, m}, 1)},
                   {"weight", d.normal({m}, 0.1, 1)},
                   {"bias", d.normal({m}, 0.1)}},
-                 [](const std::vector<at::Tensor>& x) {
-                   return ops::layer_norm(x[0], x[1], x[2]);
+                 [eps = g.norm_eps](const std::vector<at::Tensor>& x) {
+                   return ops::layer_norm(x[0], x[1], x[2], eps);
                  },
                  {b, t, m}});
   out.push_back({"linear",
@@ -113,6 +119,43 @@ std::vector<op_case> make_cases(const opcheck_options& o, draws& d) {
      {{"x", d.normal({b, h, t, t}, 1)}},
      [](const std::vector<at::Tensor>& x) { return ops::softmax(x[0]); },
      {b, h, t, t}});
+  out.push_back(
+    {"rms_norm",
+     true,
+     {{"x", d.normal({b, t, m}, 1)}, {"weight", d.normal({m}, 0.1, 1)}},
+     [eps = g.norm_eps](const std::vector<at::Tensor>& x) {
+       return ops::rms_norm(x[0], x[1], eps);
+     },
+     {b, t, m}});
+  {
+    // The tables are constants, as in the blocks: only x is differentiated.
+    const auto [cos, sin] = ops::rope_tables(t, hd, g.rope_theta, c10::kCPU);
+    out.push_back({"rope",
+                   false,
+                   {{"x", d.normal({b, h, t, hd}, 1)},
+                    {"cos", cos, false},
+                    {"sin", sin, false}},
+                   [](const std::vector<at::Tensor>& x) {
+                     return ops::rope(x[0], x[1], x[2]);
+                   },
+                   {b, h, t, hd}});
+  }
+  out.push_back(
+    {"swiglu",
+     false,
+     {{"gate", d.normal({b, t, f}, 1)}, {"up", d.normal({b, t, f}, 1)}},
+     [](const std::vector<at::Tensor>& x) { return ops::swiglu(x[0], x[1]); },
+     {b, t, f}});
+  out.push_back({"gqa_attention",
+                 true,
+                 {{"q", d.normal({b, h, t, hd}, 1)},
+                  {"k", d.normal({b, kv, t, hd}, 1)},
+                  {"v", d.normal({b, kv, t, hd}, 1)}},
+                 [t](const std::vector<at::Tensor>& x) {
+                   return ops::attention(x[0], x[1], x[2],
+                                         ops::causal_mask(t, x[0].device()));
+                 },
+                 {b, h, t, hd}});
   out.push_back({"cross_entropy",
                  true,
                  {{"logits", d.normal({b * t, v}, 1)},
@@ -254,8 +297,9 @@ tolerance default_tolerance(dtype d) noexcept {
 
 const std::vector<std::string>& checked_operators() {
   static const std::vector<std::string> names{
-    "embedding", "layer_norm", "linear",        "attention",
-    "gelu",      "softmax",    "cross_entropy", "adamw"};
+    "embedding", "layer_norm",    "linear",        "attention",
+    "gelu",      "softmax",       "rms_norm",      "rope",
+    "swiglu",    "gqa_attention", "cross_entropy", "adamw"};
   return names;
 }
 

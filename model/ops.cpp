@@ -6,6 +6,8 @@
 
 #include <ATen/TensorOperators.h>
 #include <ATen/core/grad_mode.h>
+#include <ATen/ops/arange.h>
+#include <ATen/ops/cat.h>
 #include <ATen/ops/cross_entropy_loss.h>
 #include <ATen/ops/embedding.h>
 #include <ATen/ops/gelu.h>
@@ -13,6 +15,10 @@
 #include <ATen/ops/linear.h>
 #include <ATen/ops/matmul.h>
 #include <ATen/ops/ones.h>
+#include <ATen/ops/outer.h>
+#include <ATen/ops/pow.h>
+#include <ATen/ops/rsqrt.h>
+#include <ATen/ops/silu.h>
 #include <ATen/ops/softmax.h>
 #include <ATen/ops/zeros_like.h>
 
@@ -27,9 +33,53 @@ at::Tensor embedding(const at::Tensor& wte, const at::Tensor& wpe,
   return at::embedding(wte, tokens) + wpe.narrow(0, 0, tokens.size(1));
 }
 
+at::Tensor token_embedding(const at::Tensor& wte, const at::Tensor& tokens) {
+  H2_ENFORCE(tokens.defined() && tokens.dim() == 2,
+             "embedding needs [B, T] tokens");
+  return at::embedding(wte, tokens);
+}
+
 at::Tensor layer_norm(const at::Tensor& x, const at::Tensor& weight,
-                      const at::Tensor& bias) {
-  return at::layer_norm(x, {x.size(-1)}, weight, bias, layer_norm_eps);
+                      const at::Tensor& bias, double eps) {
+  return at::layer_norm(x, {x.size(-1)}, weight, bias, eps);
+}
+
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
+  const auto wide = x.scalar_type() == at::kDouble ? x : x.to(at::kFloat);
+  const auto y = wide * at::rsqrt(wide.square().mean(-1, true) + eps);
+  return weight * y.to(x.scalar_type());
+}
+
+std::pair<at::Tensor, at::Tensor> rope_tables(std::int64_t t,
+                                              std::int64_t head_dim,
+                                              double theta,
+                                              c10::Device device) {
+  H2_ENFORCE(head_dim > 0 && head_dim % 2 == 0, "head_dim=", head_dim);
+  // Hugging Face's LlamaRotaryEmbedding: inv_freq from integer exponents,
+  // the angle table an outer product, both in fp32.
+  const auto f32 = at::TensorOptions(at::kFloat);
+  const auto exponents =
+    at::arange(0, head_dim, 2, at::TensorOptions(at::kLong)).to(at::kFloat) /
+    static_cast<double>(head_dim);
+  const auto inv_freq = 1.0 / at::pow(theta, exponents);
+  const auto positions = at::arange(t, f32);
+  const auto freqs = at::outer(positions, inv_freq);
+  const auto angles = at::cat({freqs, freqs}, -1);
+  return {angles.cos().to(device), angles.sin().to(device)};
+}
+
+at::Tensor rope(const at::Tensor& x, const at::Tensor& cos,
+                const at::Tensor& sin) {
+  const auto half = x.size(-1) / 2;
+  const auto rotated =
+    at::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
+  const auto t = x.size(-2);
+  return x * cos.narrow(0, 0, t).to(x.scalar_type()) +
+         rotated * sin.narrow(0, 0, t).to(x.scalar_type());
+}
+
+at::Tensor swiglu(const at::Tensor& gate, const at::Tensor& up) {
+  return at::silu(gate) * up;
 }
 
 at::Tensor linear(const at::Tensor& x, const at::Tensor& weight,
@@ -65,9 +115,19 @@ at::Tensor product(const at::Tensor& a, const at::Tensor& b) {
 at::Tensor attention(const at::Tensor& q, const at::Tensor& k,
                      const at::Tensor& v, const at::Tensor& mask) {
   const auto hd = static_cast<double>(q.size(-1));
-  auto scores = product(q, k.transpose(-2, -1)) / std::sqrt(hd);
+  const auto heads = q.size(1), kv_heads = k.size(1);
+  H2_ENFORCE(kv_heads > 0 && heads % kv_heads == 0 && v.size(1) == kv_heads,
+             "attention of ", heads, " query heads over ", kv_heads,
+             " key/value heads");
+  // Grouped-query attention: each key/value head serves heads / kv_heads
+  // consecutive query heads.
+  const auto keys =
+    heads == kv_heads ? k : k.repeat_interleave(heads / kv_heads, 1);
+  const auto values =
+    heads == kv_heads ? v : v.repeat_interleave(heads / kv_heads, 1);
+  auto scores = product(q, keys.transpose(-2, -1)) / std::sqrt(hd);
   scores = scores.masked_fill(mask, -INFINITY);
-  return product(softmax(scores), v);
+  return product(softmax(scores), values);
 }
 
 at::Tensor cross_entropy_sum(const at::Tensor& logits,

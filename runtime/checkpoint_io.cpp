@@ -1,6 +1,6 @@
 #include "checkpoint_io.hpp"
 
-#include "h2/transport/crc32c.hpp"
+#include "h2/core/crc32c.hpp"
 
 #include <cerrno>
 #include <cstdio>
@@ -100,8 +100,7 @@ write_file_synced(const std::filesystem::path& path,
   // writes. Best effort: fsync reports any write error.
   ::sync_file_range(fd.get(), 0, 0, SYNC_FILE_RANGE_WRITE);
   for (auto piece : pieces)
-    result.crc32c =
-      transport::crc32c(piece.data(), piece.size(), result.crc32c);
+    result.crc32c = crc32c(piece.data(), piece.size(), result.crc32c);
   if (::fsync(fd.get()) != 0)
     throw_errno(checkpoint_errc::io, path, "cannot fsync");
   // close() can report a deferred write error (NFS): check it.

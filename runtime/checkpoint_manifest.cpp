@@ -3,7 +3,7 @@
 #include "h2/runtime/checkpoint_files.hpp"
 
 #include "checkpoint_io.hpp"
-#include "h2/transport/crc32c.hpp"
+#include "h2/core/crc32c.hpp"
 #include "h2/transport/handshake.hpp"
 
 #include <climits>
@@ -23,7 +23,7 @@ constexpr const char* self_crc_key = "manifest_crc32c";
 
 std::uint32_t content_crc32c(const json& manifest_without_crc) {
   const std::string text = manifest_without_crc.dump();
-  return transport::crc32c(text.data(), text.size());
+  return crc32c(text.data(), text.size());
 }
 
 json to_json(const checkpoint_manifest& m) {
@@ -42,18 +42,21 @@ json to_json(const checkpoint_manifest& m) {
   json hashes = json::array();
   for (const auto& [path, hash] : m.data_hashes)
     hashes.push_back({{"path", path}, {"hash", hash}});
-  return {{"format", std::string(checkpoint_format)},
-          {"format_version", m.format_version},
-          {"step", m.step},
-          {"job_id", m.job_id},
-          {"model_digest", m.model_digest},
-          {"seed", m.seed},
-          {"model", m.model},
-          {"optimizer", m.optimizer},
-          {"data_hashes", std::move(hashes)},
-          {"plan_json", m.plan_json},
-          {"job_toml", m.job_toml},
-          {"files", std::move(files)}};
+  json out = {{"format", std::string(checkpoint_format)},
+              {"format_version", m.format_version},
+              {"step", m.step},
+              {"job_id", m.job_id},
+              {"model_digest", m.model_digest},
+              {"seed", m.seed},
+              {"model", m.model},
+              {"optimizer", m.optimizer},
+              {"data_hashes", std::move(hashes)},
+              {"plan_json", m.plan_json},
+              {"job_toml", m.job_toml},
+              {"files", std::move(files)}};
+  if (!m.data.is_null()) // absent in manifests of older H2s
+    out["data"] = m.data;
+  return out;
 }
 
 /// Typed access to the manifest's keys; anything else is `corrupt`, naming
@@ -257,6 +260,11 @@ checkpoint_manifest parse_manifest(std::string_view text,
     f.object(hashes[i], at);
     m.data_hashes.emplace_back(f.string(hashes[i], at + ".", "path"),
                                f.string(hashes[i], at + ".", "hash"));
+  }
+  if (j.contains("data")) {
+    m.data = j.at("data");
+    if (!m.data.is_object())
+      f.fail("data is not an object");
   }
   const json& files = f.array(j, "", "files");
   for (std::size_t i = 0; i < files.size(); ++i) {

@@ -2,9 +2,10 @@
 
 #include "checkpoint_io.hpp"
 
+#include "h2/core/crc32c.hpp"
 #include "h2/core/error.hpp"
 #include "h2/core/random.hpp"
-#include "h2/transport/crc32c.hpp"
+#include "h2/corpus/shards.hpp"
 
 #include <set>
 #include <cstdio>
@@ -26,13 +27,15 @@ std::string file_crc32c(const std::string& path) {
   std::uint32_t crc = 0;
   while (in) {
     in.read(buffer.data(), static_cast<std::streamsize>(buffer.size()));
-    crc = transport::crc32c(buffer.data(),
-                            static_cast<std::size_t>(in.gcount()), crc);
+    crc = crc32c(buffer.data(), static_cast<std::size_t>(in.gcount()), crc);
   }
   char hex[9];
   std::snprintf(hex, sizeof(hex), "%08x", crc);
   return hex;
 }
+
+/// The key of a shard directory's tokenizer among a manifest's data hashes.
+constexpr const char* tokenizer_hash_key = "tokenizer";
 
 std::vector<std::pair<std::string, std::string>>
 data_hashes(const data_config& data) {
@@ -40,7 +43,35 @@ data_hashes(const data_config& data) {
   for (const auto* path : {&data.train_path, &data.val_path})
     if (!path->empty())
       out.emplace_back(*path, "crc32c:" + file_crc32c(*path));
+  if (data.source == source_kind::shards) {
+    // The tokenizer first (a corpus re-made with another tokenizer is named
+    // as such); the shard manifest lists every shard's CRC32C, so its own
+    // CRC32C stands for the corpus.
+    const auto m = corpus::read_shard_manifest(data.shards_dir, "data.shards");
+    const auto manifest =
+      (std::filesystem::path(data.shards_dir) / corpus::shard_manifest_file)
+        .string();
+    out.emplace_back(tokenizer_hash_key, m.tokenizer_hash);
+    out.emplace_back(manifest, "crc32c:" + file_crc32c(manifest));
+  }
   return out;
+}
+
+/// The data position's fixed part (at_step adds the step's).
+nlohmann::json data_of(const job_config& job) {
+  nlohmann::json d = {
+    {"source", job.data.source == source_kind::markov   ? "markov"
+               : job.data.source == source_kind::tokens ? "tokens"
+                                                        : "shards"},
+    {"sequences_per_step", job.train.global_batch}};
+  if (job.data.source == source_kind::shards) {
+    const auto m =
+      corpus::read_shard_manifest(job.data.shards_dir, "data.shards");
+    const auto windows = corpus::window_count(m, job.model.seq_len);
+    d["train_windows"] =
+      windows - corpus::validation_windows(windows, job.data.val_fraction);
+  }
+  return d;
 }
 
 template <class T>
@@ -64,6 +95,15 @@ checkpoint_manifest job_manifest(const job_config& job, const plan& p,
              {"d_model", g.d_model},       {"n_head", g.n_head},
              {"n_layer", g.n_layer},       {"d_ff", g.d_ff},
              {"layers", g.num_layers()},   {"tied_embeddings", false}};
+  // Keys a gpt2 model of the default epsilon leaves out, so its digest is
+  // that of checkpoints written before families existed.
+  if (g.family != model_family::gpt2) {
+    m.model["family"] = to_string(g.family);
+    m.model["n_kv_head"] = g.kv_heads();
+    m.model["rope_theta"] = g.rope_theta;
+  }
+  if (g.norm_eps != gpt_config{}.norm_eps)
+    m.model["norm_eps"] = g.norm_eps;
   const auto& t = job.train;
   m.optimizer = {{"kind", "adamw"},
                  {"global_batch", t.global_batch},
@@ -79,11 +119,26 @@ checkpoint_manifest job_manifest(const job_config& job, const plan& p,
                  {"grad_clip", t.grad_clip}};
   m.seed = job.seed;
   m.data_hashes = data_hashes(job.data);
+  m.data = data_of(job);
   m.plan_json = to_json(p, -1);
   m.job_toml = job_text;
   m.job_id = random_hex(16); // a resumed run keeps its checkpoint's
   m.model_digest = model_digest(m.model);
   return m;
+}
+
+void at_step(checkpoint_manifest& m, std::int64_t step) {
+  m.step = step;
+  if (!m.data.is_object() || !m.data.contains("sequences_per_step"))
+    return;
+  const auto sequences =
+    step * m.data.at("sequences_per_step").get<std::int64_t>();
+  m.data["sequences"] = sequences;
+  if (m.data.contains("train_windows")) {
+    const auto windows = m.data.at("train_windows").get<std::int64_t>();
+    m.data["epoch"] = sequences / windows;
+    m.data["position_in_epoch"] = sequences % windows;
+  }
 }
 
 void check_resumable(const checkpoint_manifest& saved, const job_config& job,
@@ -96,18 +151,26 @@ void check_resumable(const checkpoint_manifest& saved, const job_config& job,
   same("model.n_head", before.model.n_head, job.model.n_head, dir);
   same("model.n_layer", before.model.n_layer, job.model.n_layer, dir);
   same("model.d_ff", before.model.d_ff, job.model.d_ff, dir);
+  same("model.family", std::string(to_string(before.model.family)),
+       std::string(to_string(job.model.family)), dir);
+  same("model.n_kv_head", before.model.kv_heads(), job.model.kv_heads(), dir);
+  same("model.rope_theta", before.model.rope_theta, job.model.rope_theta, dir);
+  same("model.norm_eps", before.model.norm_eps, job.model.norm_eps, dir);
   same("data.source", static_cast<int>(before.data.source),
        static_cast<int>(job.data.source), dir);
   same("data.entropy_rate", before.data.entropy_rate, job.data.entropy_rate,
        dir);
   same("data.train", before.data.train_path, job.data.train_path, dir);
   same("data.val", before.data.val_path, job.data.val_path, dir);
+  same("data.shards", before.data.shards_dir, job.data.shards_dir, dir);
   same("data.val_fraction", before.data.val_fraction, job.data.val_fraction,
        dir);
   for (const auto& [path, hash] : data_hashes(job.data))
     for (const auto& [saved_path, saved_hash] : saved.data_hashes)
       if (saved_path == path)
-        same("data (" + path + ")", saved_hash, hash, dir);
+        same(path == tokenizer_hash_key ? "data.shards (tokenizer)"
+                                        : "data (" + path + ")",
+             saved_hash, hash, dir);
   same("job.seed", saved.seed, job.seed, dir);
   const auto &a = before.train, &b = job.train;
   same("train.global_batch", a.global_batch, b.global_batch, dir);

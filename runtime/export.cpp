@@ -110,7 +110,8 @@ checkpoint_model::logits(std::span<const std::int32_t> tokens) const {
 nlohmann::json export_config(const checkpoint_model& m,
                              const std::string& weights_file) {
   const auto& g = m.config();
-  return {
+  const bool llama = g.family == model_family::llama;
+  nlohmann::json j = {
     {"format", "h2-export"},
     {"format_version", 1},
     {"producer", "h2"},
@@ -118,26 +119,34 @@ nlohmann::json export_config(const checkpoint_model& m,
     {"step", m.step()},
     {"weights", weights_file},
     {"dtype", "float32"},
-    {"architecture", "gpt"},
+    {"architecture", llama ? "llama" : "gpt"},
+    {"family", to_string(g.family)},
     {"vocab_size", g.vocab_size},
     {"seq_len", g.seq_len},
     {"d_model", g.d_model},
     {"n_head", g.n_head},
-    {"head_dim", g.d_model / g.n_head},
+    {"n_kv_head", g.kv_heads()},
+    {"head_dim", g.head_dim()},
     {"n_layer", g.n_layer},
     {"d_ff", g.d_ff},
     {"parameters", model_parameters(g)},
     {"tied_embeddings", false},
-    {"position_embedding", "learned"},
+    {"position_embedding", llama ? "rotary" : "learned"},
     {"norm", "pre"},
-    {"layer_norm_eps", model::layer_norm_eps},
-    {"bias", true},
+    {llama ? "rms_norm_eps" : "layer_norm_eps", g.norm_eps},
+    {"bias", !llama},
     {"lm_head_bias", false},
-    {"activation", "gelu"},
-    {"gelu_approximate", "none"},
+    {"activation", llama ? "swiglu" : "gelu"},
     {"attention", "causal"},
     {"dropout", 0.0},
   };
+  if (llama) {
+    j["rope_theta"] = g.rope_theta;
+    j["rope_layout"] = "rotate_half";
+  } else {
+    j["gelu_approximate"] = "none";
+  }
+  return j;
 }
 
 } // namespace h2::runtime

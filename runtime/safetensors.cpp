@@ -2,7 +2,7 @@
 #include "h2/runtime/safetensors.hpp"
 
 #include "checkpoint_io.hpp"
-#include "h2/transport/crc32c.hpp"
+#include "h2/core/crc32c.hpp"
 
 #include <nlohmann/json.hpp>
 
@@ -148,9 +148,8 @@ safetensors_reader::safetensors_reader(
                                std::to_string(file_bytes_) + " bytes)");
     std::string text(header_bytes, '\0');
     detail::read_exact(fd_, text.data(), text.size(), path_);
-    header_crc32c_ = transport::crc32c(prefix, sizeof(prefix));
-    header_crc32c_ =
-      transport::crc32c(text.data(), text.size(), header_crc32c_);
+    header_crc32c_ = h2::crc32c(prefix, sizeof(prefix));
+    header_crc32c_ = h2::crc32c(text.data(), text.size(), header_crc32c_);
     data_bytes_ = file_bytes_ - 8 - header_bytes;
     parse_header(text, overrun);
   } catch (...) {
@@ -291,7 +290,7 @@ safetensors_reader::read_tensors(std::uint32_t& crc32c) {
     state_tensor t{records_[i].name, records_[i].dtype, records_[i].shape,
                    std::vector<std::uint8_t>(spans_[i].end - spans_[i].begin)};
     detail::read_exact(fd_, t.bytes.data(), t.bytes.size(), path_);
-    crc = transport::crc32c(t.bytes.data(), t.bytes.size(), crc);
+    crc = h2::crc32c(t.bytes.data(), t.bytes.size(), crc);
     tensors.push_back(std::move(t));
   }
   crc32c = crc;

@@ -15,6 +15,25 @@ double mask_bytes(const gpt_config& cfg) {
   return static_cast<double>(cfg.seq_len) * cfg.seq_len;
 }
 
+/// A llama block's activations and working memory, as the runtime's
+/// accounting measured them (tests/scheduler/cost_model_test.cpp): in fp32
+/// 12 d + 4 d_ff + heads x T floats per token (RMSNorm inputs and outputs,
+/// q, k and v, the keys and values repeated to every query head, the
+/// attention output, the SwiGLU MLP's gate, up, SiLU and product, the
+/// softmax probabilities); under bf16 autocast the products' operands are
+/// bf16 copies and each weight matrix keeps a bf16 copy until the backward.
+void llama_block_memory(const gpt_config& cfg, double tokens, bool bf16,
+                        double grad_temp, layer_memory& m) {
+  const double dm = cfg.d_model, ff = cfg.d_ff, h = cfg.n_head, t = cfg.seq_len,
+               kv = static_cast<double>(cfg.kv_heads()) * cfg.head_dim();
+  const double matrices = 2 * dm * dm + 2 * dm * kv + 3 * dm * ff;
+  m.activation_bytes =
+    bf16 ? tokens * (43 * dm + 8 * ff + 2 * h * t + 8) + 2 * matrices
+         : tokens * (4 * (12 * dm + 4 * ff + h * t) + 8);
+  m.working_bytes = grad_temp * std::max(dm * dm, dm * ff) +
+                    tokens * (4 * (3 * ff + 2 * dm) + 8 * h * t);
+}
+
 } // namespace
 
 // The per-token counts below follow the tensors autograd saves in
@@ -52,6 +71,11 @@ layer_memory layer_memory_of(const gpt_config& cfg, layer_kind kind,
       break;
     case layer_kind::block: {
       m.static_bytes += mask_bytes(cfg);
+      if (cfg.family == model_family::llama) {
+        llama_block_memory(cfg, tokens, bf16, grad_temp, m);
+        largest = std::max(dm * dm, dm * ff);
+        break;
+      }
       const double matrices = 4 * dm * dm + 2 * dm * ff;
       m.activation_bytes =
         bf16 ? tokens * (20 * dm + 4 * ff + 2 * h * t + 16) + 2 * matrices
@@ -62,8 +86,14 @@ layer_memory layer_memory_of(const gpt_config& cfg, layer_kind kind,
       break;
     }
     case layer_kind::head:
-      m.activation_bytes = bf16 ? tokens * (2 * dm + 8 + 4 * v) + 2 * v * dm
-                                : tokens * (4 * dm + 8 + 4 * v);
+      // llama's RMSNorm keeps its fp32 input, its normalised output and the
+      // product with its gain.
+      if (cfg.family == model_family::llama)
+        m.activation_bytes = bf16 ? tokens * (10 * dm + 4 + 4 * v) + 2 * v * dm
+                                  : tokens * (12 * dm + 4 + 4 * v);
+      else
+        m.activation_bytes = bf16 ? tokens * (2 * dm + 8 + 4 * v) + 2 * v * dm
+                                  : tokens * (4 * dm + 8 + 4 * v);
       largest = v * dm;
       m.working_bytes = grad_temp * largest + tokens * 4 * (2 * v + 2 * dm);
       break;
@@ -85,6 +115,18 @@ std::vector<std::int64_t> parameter_tensors(const gpt_config& cfg,
                                             layer_kind kind) {
   const std::int64_t d = cfg.d_model, f = cfg.d_ff, v = cfg.vocab_size,
                      t = cfg.seq_len;
+  if (cfg.family == model_family::llama) {
+    const std::int64_t kv = std::int64_t{cfg.kv_heads()} * cfg.head_dim();
+    switch (kind) {
+      case layer_kind::embedding:
+        return {v * d}; // wte
+      case layer_kind::block:
+        // attn_norm, q, k, v, o, mlp_norm, gate, up, down
+        return {d, d * d, kv * d, kv * d, d * d, d, f * d, f * d, d * f};
+      case layer_kind::head:
+        return {d, v * d}; // norm, lm_head
+    }
+  }
   switch (kind) {
     case layer_kind::embedding:
       return {v * d, t * d}; // wte, wpe

@@ -56,6 +56,23 @@ source = "markov"
 entropy_rate = 1.0
 )";
 
+/// [model] and [data]: small_model_toml's shape in the llama family, with
+/// grouped-query attention (4 query heads over 2 key/value heads).
+inline const std::string small_llama_model_toml = R"(
+[model]
+family = "llama"
+vocab_size = 17
+seq_len = 8
+d_model = 16
+n_head = 4
+n_kv_head = 2
+n_layer = 4
+d_ff = 24
+[data]
+source = "markov"
+entropy_rate = 1.0
+)";
+
 /// [train] of the exactness tests: 3 steps of 8 sequences in micro-batches
 /// of 2, warm-up, decay and clipping all in play.
 inline const std::string small_train_toml = R"(
@@ -80,8 +97,9 @@ micro_batch = 2
 
 /// A [job] table with `seed`, the small model and training, and the
 /// virtual clock: the start of most exactness jobs.
-inline std::string small_job_toml(int seed) {
-  return "[job]\nseed = " + std::to_string(seed) + "\n" + small_model_toml +
+inline std::string small_job_toml(int seed,
+                                  const std::string& model = small_model_toml) {
+  return "[job]\nseed = " + std::to_string(seed) + "\n" + model +
          small_train_toml + "[emulation]\nclock = \"virtual\"\n";
 }
 

@@ -1,6 +1,6 @@
 #include "h2/transport/framed.hpp"
 
-#include "h2/transport/crc32c.hpp"
+#include "h2/core/crc32c.hpp"
 #include "h2/transport/spin.hpp"
 
 #include <h2/config.hpp>

@@ -1,7 +1,7 @@
 #include "h2/transport/wire.hpp"
 
+#include "h2/core/crc32c.hpp"
 #include "h2/core/error.hpp"
-#include "h2/transport/crc32c.hpp"
 
 #include <cstring>
 #include <limits>

@@ -7,7 +7,9 @@
 #include "h2/actors/local_job.hpp"
 #include "h2/core/files.hpp"
 #include "h2/runtime/checkpoint_files.hpp"
+#include "h2/runtime/checkpointing.hpp"
 #include "h2/scheduler/plan_builder.hpp"
+#include "shard_fixture.hpp"
 #include "test_jobs.hpp"
 
 #include <gtest/gtest.h>
@@ -266,6 +268,65 @@ TEST_F(actors_checkpoint, stop_save_and_resume_equals_one_run) {
   EXPECT_EQ(a->manifest.step, 4);
   EXPECT_EQ(b->manifest.step, 4);
   EXPECT_TRUE(a->layers == b->layers);
+}
+
+// Token shards (docs/data.md): a llama resumed from step 3 reads exactly
+// the batches the straight run read, across an epoch boundary (the corpus
+// holds 18 training windows, a step reads 8), and the checkpoint records
+// where the data stands. Shards re-made by another tokenizer are refused.
+TEST_F(actors_checkpoint, shards_resume_with_the_next_batch) {
+  const auto shards = root_ / "shards";
+  fs::create_directories(shards);
+  write_test_shards(shards, {41, 33, 81}, 17); // 19 windows of 9
+  auto text = small_job_toml(13, small_llama_model_toml);
+  text.replace(text.find("source = \"markov\"\nentropy_rate = 1.0"),
+               std::string("source = \"markov\"\nentropy_rate = 1.0").size(),
+               "source = \"shards\"\nshards = \"" + shards.string() + "\"");
+  auto job_text = [&](const std::string& dir) {
+    return text + R"(
+[[nodes]]
+chips = [{device = "emulated:h100-sxm", dtype = "fp32"},
+         {device = "emulated:mi250x", dtype = "fp32"}]
+[plan]
+mode = "manual"
+stages = ["0:0", "0:1"]
+layers = [3, 3]
+[checkpoint]
+dir = ")" + (root_ / dir).string() +
+           "\"\n";
+  };
+  auto make = [&](const std::string& dir) {
+    auto j =
+      std::make_shared<job_config>(parse_job(job_text(dir), "shards.toml"));
+    j->train.steps = 5;
+    return j;
+  };
+  auto whole_job = make("whole");
+  const plan p = scheduler::make_plan(*whole_job);
+  const auto whole = run(whole_job, p, 5);
+  auto split_job = make("split");
+  const auto first = run(split_job, p, 3);
+  const auto saved = latest("split");
+  EXPECT_EQ(saved->manifest.data.at("sequences"), 24);
+  EXPECT_EQ(saved->manifest.data.at("train_windows"), 18);
+  EXPECT_EQ(saved->manifest.data.at("epoch"), 1);
+  EXPECT_EQ(saved->manifest.data.at("position_in_epoch"), 6);
+  const auto second = run(split_job, p, 5, saved);
+  EXPECT_EQ(joined(first.losses, second.losses), whole.losses); // bitwise
+  expect_same_parameters(second.params, whole.params);
+
+  // The same corpus under another tokenizer: refused, naming it.
+  write_test_shards(shards, {41, 33, 81}, 17, "another tokenizer");
+  auto manifest = saved->manifest;
+  manifest.job_toml = job_text("split");
+  try {
+    runtime::check_resumable(manifest, *split_job, "ckpt");
+    ADD_FAILURE() << "resumed on shards of another tokenizer";
+  } catch (const config_error& e) {
+    EXPECT_NE(std::string(e.what()).find("data.shards (tokenizer): "),
+              std::string::npos)
+      << e.what();
+  }
 }
 
 TEST_F(actors_checkpoint, resume_on_another_plan_and_schedule_equals_one_run) {

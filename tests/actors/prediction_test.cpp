@@ -75,9 +75,16 @@ outcome run_and_compare(const job_config& base, const plan& p,
   return {predicted.step_seconds, s.step_seconds};
 }
 
+/// examples/`name`; "demo.toml (llama)" is the demo's model in the llama
+/// family, grouped-query attention included.
 job_config example(const std::string& name) {
-  job_config job =
-    load_job_file(std::string(H2_SOURCE_DIR) + "/examples/" + name);
+  const bool llama = name == "demo.toml (llama)";
+  job_config job = load_job_file(std::string(H2_SOURCE_DIR) + "/examples/" +
+                                 (llama ? std::string("demo.toml") : name));
+  if (llama) {
+    job.model.family = model_family::llama;
+    job.model.n_kv_head = job.model.n_head / 2;
+  }
   // [topology] tiers are the planner's; the emulated runtime times links
   // from the chips' own figures, so these comparisons leave them out.
   job.topology = topology_config{};
@@ -128,10 +135,11 @@ const cluster_runs& runs_of(const std::string& name) {
 
 // Four heterogeneous clusters: 1F1B with memory binding (superlinear),
 // GPipe over four kinds on two nodes (hetero-4), three vendor islands
-// (hetero-islands), three kinds on one node (the demo); each with its auto
-// plan and, where it fits, its even plan.
+// (hetero-islands), three kinds on one node (the demo, also as a llama);
+// each with its auto plan and, where it fits, its even plan.
 const char* const clusters[] = {"superlinear.toml", "hetero-4.toml",
-                                "hetero-islands.toml", "demo.toml"};
+                                "hetero-islands.toml", "demo.toml",
+                                "demo.toml (llama)"};
 
 TEST(actors_prediction, runtime_matches_the_simulator) {
   int even_runs = 0;

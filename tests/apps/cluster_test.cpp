@@ -492,7 +492,7 @@ TEST_F(apps_cluster, a_node_that_fails_its_operator_check_withdraws) {
   EXPECT_TRUE(r.status.exited && r.status.code == 4)
     << r.status.describe() << "\n"
     << r.err;
-  EXPECT_NE(r.out.find("1 of 8 operators failed: layer_norm"),
+  EXPECT_NE(r.out.find("1 of 12 operators failed: layer_norm"),
             std::string::npos)
     << r.out;
   auto s0 = rank0.wait(run_timeout);

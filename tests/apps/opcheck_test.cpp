@@ -53,7 +53,7 @@ TEST_F(apps_opcheck, cpu_passes_in_fp32_and_bf16_against_fp64) {
     EXPECT_TRUE(r.status.exited && r.status.code == 0)
       << r.status.describe() << "\n"
       << r.out << r.err;
-    EXPECT_NE(r.out.find("all 8 operators pass"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("all 12 operators pass"), std::string::npos) << r.out;
     for (const char* op : {"embedding", "layer_norm", "linear", "attention",
                            "gelu", "softmax", "cross_entropy", "adamw"})
       EXPECT_NE(row_of(r.out, op).find("pass"), std::string::npos) << op << "\n"
@@ -73,7 +73,7 @@ TEST_F(apps_opcheck, cpu_passes_in_fp32_and_bf16_against_fp64) {
 TEST_F(apps_opcheck, a_wrong_operator_fails_with_exit_4_and_is_named) {
   auto r = opcheck({"--device", "cpu", "--test-fault", "softmax"});
   EXPECT_TRUE(r.status.exited && r.status.code == 4) << r.status.describe();
-  EXPECT_NE(r.out.find("1 of 8 operators failed: softmax"), std::string::npos)
+  EXPECT_NE(r.out.find("1 of 12 operators failed: softmax"), std::string::npos)
     << r.out;
   EXPECT_NE(row_of(r.out, "softmax").find("FAIL"), std::string::npos) << r.out;
   EXPECT_NE(row_of(r.out, "gelu").find("pass"), std::string::npos) << r.out;
@@ -122,11 +122,11 @@ TEST_F(apps_opcheck, a_job_asking_for_the_check_runs_it_before_training) {
     << r.status.describe() << "\n"
     << r.err;
   // small_job's chips compute on the host CPU in bf16 and in fp32.
-  EXPECT_NE(r.out.find("ditorch check: cpu (bf16) against cpu: 8 operators "
+  EXPECT_NE(r.out.find("ditorch check: cpu (bf16) against cpu: 12 operators "
                        "pass"),
             std::string::npos)
     << r.out;
-  EXPECT_NE(r.out.find("ditorch check: cpu (fp32) against cpu: 8 operators "
+  EXPECT_NE(r.out.find("ditorch check: cpu (fp32) against cpu: 12 operators "
                        "pass"),
             std::string::npos)
     << r.out;
@@ -153,10 +153,10 @@ TEST_F(apps_opcheck, each_node_checks_its_own_chips) {
       ++n;
     return n;
   };
-  EXPECT_EQ(count("ditorch check: cpu (bf16) against cpu: 8 operators pass"),
+  EXPECT_EQ(count("ditorch check: cpu (bf16) against cpu: 12 operators pass"),
             2)
     << r.out;
-  EXPECT_EQ(count("ditorch check: cpu (fp32) against cpu: 8 operators pass"),
+  EXPECT_EQ(count("ditorch check: cpu (fp32) against cpu: 12 operators pass"),
             1)
     << r.out;
 }
@@ -172,11 +172,11 @@ TEST(apps_opcheck_before_training, a_failed_operator_is_exit_4_and_named) {
   const std::string err = testing::internal::GetCapturedStderr();
   EXPECT_EQ(rc, 4);
   // small_job's chips compute on the host in bf16 and in fp32: both fail.
-  EXPECT_NE(out.str().find("cpu (bf16) against cpu: 1 of 8 operators "
+  EXPECT_NE(out.str().find("cpu (bf16) against cpu: 1 of 12 operators "
                            "failed: layer_norm"),
             std::string::npos)
     << out.str();
-  EXPECT_NE(out.str().find("cpu (fp32) against cpu: 1 of 8 operators "
+  EXPECT_NE(out.str().find("cpu (fp32) against cpu: 1 of 12 operators "
                            "failed: layer_norm"),
             std::string::npos)
     << out.str();

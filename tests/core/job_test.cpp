@@ -191,6 +191,17 @@ chips = ["cpu", "emulated:h100-sxm", "emulated:v100-sxm2-32gb"]
   EXPECT_EQ(job.name, "h2-job");
   EXPECT_EQ(job.seed, 0u);
   EXPECT_EQ(job.model.d_ff, 32);
+  EXPECT_EQ(job.model.family, model_family::gpt2);
+  EXPECT_EQ(job.model.kv_heads(), 2);
+  EXPECT_EQ(job.model.norm_eps, 1e-5);
+  // llama: SwiGLU's width 8 d / 3 rounded up to 64; rotary base 10000.
+  auto llama = minimal;
+  llama.replace(llama.find("n_head = 2"), 10, "n_head = 2\nfamily = \"llama\"");
+  job_config l = parse_job(llama, "<string>");
+  EXPECT_EQ(l.model.family, model_family::llama);
+  EXPECT_EQ(l.model.d_ff, 64);
+  EXPECT_EQ(l.model.kv_heads(), 2);
+  EXPECT_EQ(l.model.rope_theta, 10000.0);
   EXPECT_EQ(job.data.source, source_kind::markov);
   EXPECT_EQ(job.train.steps, t.steps);
   EXPECT_EQ(job.train.steps, 100);
@@ -530,6 +541,31 @@ const bad_job bad_jobs[] = {
    "",
    "model.n_head",
    {"5 does not divide", "d_model = 32"}},
+  {"unknown_family",
+   {{"n_head = 4", "n_head = 4\nfamily = \"gpt3\""}},
+   "",
+   "model.family",
+   {"\"gpt2\", \"llama\""}},
+  {"n_kv_head_of_gpt2",
+   {{"n_head = 4", "n_head = 4\nn_kv_head = 2"}},
+   "",
+   "model.n_kv_head",
+   {"only for family = \"llama\""}},
+  {"rope_theta_of_gpt2",
+   {{"n_head = 4", "n_head = 4\nrope_theta = 1e4"}},
+   "",
+   "model.rope_theta",
+   {"only for family = \"llama\""}},
+  {"n_kv_head_not_dividing",
+   {{"n_head = 4", "n_head = 4\nfamily = \"llama\"\nn_kv_head = 3"}},
+   "",
+   "model.n_kv_head",
+   {"3 does not divide model.n_head = 4"}},
+  {"odd_rotary_head",
+   {{"n_head = 4", "n_head = 32\nfamily = \"llama\""}},
+   "",
+   "model.n_head",
+   {"even head width", "= 1"}},
   {"unknown_profile",
    {{"\"emulated:a100-sxm-40gb\"", "\"emulated:nope\""}},
    "",

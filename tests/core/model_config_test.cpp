@@ -47,6 +47,28 @@ TEST(core_model_config, parameter_counts_match_the_hand_formula) {
   EXPECT_THROW(layer_parameters(c, 5), internal_error);
 }
 
+TEST(core_model_config, llama_counts_and_flops) {
+  auto c = small(); // V 11, T 7, d 8, 2 heads of 4, 3 blocks, f 32
+  c.family = model_family::llama;
+  c.n_kv_head = 1; // k and v are 4 x 8
+  // Embedding: the token table only (rotary positions).
+  EXPECT_EQ(layer_parameters(c, 0), 11 * 8);
+  // Block: q and o d x d, k and v (kv heads x head width) x d, gate, up
+  // and down d x f, two RMSNorm gains; no biases.
+  const std::int64_t block = 2 * 8 * 8 + 2 * 4 * 8 + 3 * 8 * 32 + 2 * 8;
+  for (int l = 1; l <= 3; ++l)
+    EXPECT_EQ(layer_parameters(c, l), block) << l;
+  EXPECT_EQ(layer_parameters(c, 4), 8 + 11 * 8);
+  const double n = 2 * c.seq_len;
+  auto w = compute_layer_work(c, 2, 2, dtype::fp32);
+  EXPECT_EQ(w.parameters, block);
+  EXPECT_DOUBLE_EQ(w.forward_flops,
+                   2 * n * (2.0 * 8 * 8 + 2.0 * 8 * 4 + 3.0 * 8 * 32) +
+                     2 * 2 * n * c.seq_len * 8);
+  EXPECT_DOUBLE_EQ(w.weight_gradient_flops,
+                   2 * n * (2.0 * 8 * 8 + 2.0 * 8 * 4 + 3.0 * 8 * 32));
+}
+
 TEST(core_model_config, block_work_counts_flops) {
   auto c = small();
   const int b = 2;

@@ -69,7 +69,8 @@ TEST(model_opcheck, references_are_fp64_for_matrix_math_reductions_and_loss) {
   for (const auto& r : check_cpu(dtype::fp32, options())) {
     const bool fp64 = r.op == "linear" || r.op == "attention" ||
                       r.op == "layer_norm" || r.op == "softmax" ||
-                      r.op == "cross_entropy";
+                      r.op == "cross_entropy" || r.op == "rms_norm" ||
+                      r.op == "gqa_attention";
     EXPECT_EQ(r.reference, fp64 ? "fp64" : "fp32") << r.op;
   }
 }

@@ -1,11 +1,11 @@
 // The files of a checkpoint (docs/checkpoints.md): round trips, every kind
 // of damage read back as its typed error naming the file, the directory
 // scan, pruning, and crashes at each point of the write path.
+#include "h2/core/crc32c.hpp"
 #include "h2/core/error.hpp"
 #include "h2/core/files.hpp"
 #include "h2/runtime/checkpoint_files.hpp"
 #include "h2/runtime/checkpointing.hpp"
-#include "h2/transport/crc32c.hpp"
 
 #include <gtest/gtest.h>
 
@@ -137,7 +137,7 @@ json read_json(const fs::path& p) {
 void write_manifest_json(const fs::path& dir, json m) {
   m.erase("manifest_crc32c");
   const std::string content = m.dump();
-  m["manifest_crc32c"] = transport::crc32c(content.data(), content.size());
+  m["manifest_crc32c"] = crc32c(content.data(), content.size());
   std::ofstream(manifest_path(dir), std::ios::trunc) << m.dump(2);
 }
 
@@ -147,7 +147,7 @@ void rerecord(const fs::path& dir, int layer) {
   json m = read_json(manifest_path(dir));
   const auto bytes = read_bytes(dir / layer_file_name(layer));
   m["files"][layer]["bytes"] = bytes.size();
-  m["files"][layer]["crc32c"] = transport::crc32c(bytes.data(), bytes.size());
+  m["files"][layer]["crc32c"] = crc32c(bytes.data(), bytes.size());
   write_manifest_json(dir, m);
 }
 
@@ -263,7 +263,7 @@ TEST(runtime_checkpoint_files, a_checkpoint_reads_back_bit_for_bit) {
     EXPECT_EQ(r.file, layer_file_name(i));
     const auto bytes = read_bytes(dir / r.file);
     EXPECT_EQ(r.bytes, bytes.size());
-    EXPECT_EQ(r.crc32c, transport::crc32c(bytes.data(), bytes.size()));
+    EXPECT_EQ(r.crc32c, crc32c(bytes.data(), bytes.size()));
     ASSERT_EQ(r.tensors.size(), layers[i].tensors.size());
     EXPECT_EQ(r.tensors[0].name, layers[i].tensors[0].name);
     EXPECT_EQ(read_layer_file(dir, c.manifest, r), layers[i]);
@@ -885,7 +885,7 @@ TEST(runtime_checkpoint_files, write_safetensors_matches_the_export_layout) {
             export_layout(
               params, {{"format", "pt"}, {"producer", "h2"}, {"job", "demo"}}));
   EXPECT_EQ(w.bytes, bytes.size());
-  EXPECT_EQ(w.crc32c, transport::crc32c(bytes.data(), bytes.size()));
+  EXPECT_EQ(w.crc32c, crc32c(bytes.data(), bytes.size()));
   const std::string header(bytes.begin() + 8,
                            bytes.begin() + 8 + header_length(bytes));
   EXPECT_EQ(

@@ -130,7 +130,7 @@ TEST(runtime_export, config_states_the_model) {
   EXPECT_EQ(j.at("d_ff"), g.d_ff);
   EXPECT_EQ(j.at("parameters"), model_parameters(g));
   EXPECT_EQ(j.at("tied_embeddings"), false);
-  EXPECT_EQ(j.at("layer_norm_eps"), model::layer_norm_eps);
+  EXPECT_EQ(j.at("layer_norm_eps"), 1e-5);
   EXPECT_EQ(j.at("dtype"), "float32");
 }
 

@@ -4,7 +4,7 @@
 // killed (SIGKILL) or stopped (SIGSTOP) while a receive waits on it.
 #include "pairs.hpp"
 
-#include "h2/transport/crc32c.hpp"
+#include "h2/core/crc32c.hpp"
 #include "h2/transport/socket_link.hpp"
 #include "h2/transport/wire.hpp"
 

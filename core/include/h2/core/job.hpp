@@ -97,7 +97,7 @@ struct node_spec {
   std::vector<chip_spec> chips;
 };
 
-enum class source_kind { markov, tokens };
+enum class source_kind { markov, tokens, shards };
 
 struct data_config {
   source_kind source = source_kind::markov;
@@ -106,6 +106,10 @@ struct data_config {
   /// Token files (nanoGPT raw uint16 or llm.c format, detected by magic).
   std::string train_path;
   std::string val_path; ///< empty: hold out the tail of train_path
+  /// Token shards (h2-data tokenize --out DIR): the directory.
+  std::string shards_dir;
+  /// Held out for validation: of train_path's tokens, or of the shards'
+  /// windows.
   double val_fraction = 0.1;
 };
 

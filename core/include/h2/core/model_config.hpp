@@ -1,4 +1,4 @@
-// The GPT's shape and the arithmetic of its layers (FLOPs, bytes,
+// The model's shape and the arithmetic of its layers (FLOPs, bytes,
 // parameters), shared by the emulated chips' cost functions and the planner.
 // No libtorch here: the model itself lives in model/.
 #pragma once
@@ -10,9 +10,22 @@
 
 namespace h2 {
 
+/// The two block designs H2 trains (docs/job-file.md, [model]).
+enum class model_family {
+  /// GPT-2: learned positions, LayerNorm with biases, GELU MLP, biased
+  /// projections, multi-head attention.
+  gpt2,
+  /// Llama: rotary positions, RMSNorm, SwiGLU MLP, no biases,
+  /// grouped-query attention.
+  llama,
+};
+
+/// "gpt2", "llama".
+std::string_view to_string(model_family family) noexcept;
+
 /// A decoder-only transformer. Its layers, in pipeline order, are
-/// 0 = embedding (token + position), 1..n_layer = blocks,
-/// n_layer + 1 = head (final LayerNorm + LM head + loss).
+/// 0 = embedding (token, plus position for gpt2), 1..n_layer = blocks,
+/// n_layer + 1 = head (final norm + LM head + loss).
 struct gpt_config {
   int vocab_size = 0;
   int seq_len = 0; ///< tokens per sequence (context length)
@@ -20,10 +33,25 @@ struct gpt_config {
   int n_head = 0;
   int n_layer = 0; ///< transformer blocks
   int d_ff = 0;    ///< MLP hidden width
+  model_family family = model_family::gpt2;
+  /// Key/value heads (llama's grouped-query attention; gpt2: n_head).
+  /// Divides n_head.
+  int n_kv_head = 0;
+  double rope_theta = 10000.0; ///< llama: the rotary embedding's base
+  double norm_eps = 1e-5;      ///< every LayerNorm's or RMSNorm's epsilon
 
   /// Layers of the pipeline: n_layer blocks plus embedding and head.
   int num_layers() const noexcept { return n_layer + 2; }
+  /// Width of one attention head.
+  int head_dim() const noexcept { return d_model / n_head; }
+  /// Key/value heads: n_kv_head, or n_head when it is unset (0).
+  int kv_heads() const noexcept { return n_kv_head > 0 ? n_kv_head : n_head; }
 };
+
+/// Llama's default MLP width for `d_model`: 8 d_model / 3 rounded up to a
+/// multiple of 64 (the SwiGLU MLP's three matrices then hold about the
+/// parameters of GPT-2's two of width 4 d_model).
+int default_llama_d_ff(int d_model) noexcept;
 
 enum class layer_kind { embedding, block, head };
 

@@ -5,6 +5,7 @@
 #pragma once
 
 #include "h2/core/job.hpp"
+#include "h2/corpus/shards.hpp"
 #include "h2/model/layers.hpp"
 
 #include <cstdint>
@@ -124,6 +125,50 @@ private:
   mapped_file train_, val_;
   range train_range_, val_range_;
   std::uint64_t seed_;
+};
+
+/// Position `position` of a keyed pseudo-random permutation of [0, n): a
+/// Feistel network cycle-walked into the range, so the shuffle of an epoch
+/// of any size costs O(1) memory and time per draw.
+std::uint64_t shuffle_position(std::uint64_t position, std::uint64_t n,
+                               std::uint64_t key) noexcept;
+
+/// Token shards (shards.hpp; docs/data.md, "Order"). Each shard is cut into
+/// windows of seq_len + 1 tokens at a stride of seq_len, numbered through
+/// the shards in manifest order; the last max(1, floor(val_fraction x
+/// windows)) are the validation split, read in order; the rest are shuffled
+/// once per epoch by shuffle_position keyed on (seed, epoch). Training
+/// sequence k of the run (k = batch x global_batch + index) is position
+/// k mod T of epoch k / T (T training windows).
+class shard_source final : public data_source {
+public:
+  /// Maps and checks the shards (mapped_shards). Throws config_error naming
+  /// model.vocab_size when the tokenizer's vocabulary is larger than the
+  /// model's, data.shards naming a shard shorter than a window,
+  /// data.val_fraction when no training window is left.
+  shard_source(const data_config& data, int seq_len, int vocab_size,
+               int global_batch, std::uint64_t seed);
+
+  std::uint64_t windows(split s) const noexcept;
+  /// The window (over all shards) of sequence `index` of batch `batch`.
+  std::uint64_t window_of(split s, std::int64_t batch,
+                          std::int64_t index) const noexcept;
+  /// The epoch that training sequence number `sequences` falls in.
+  std::uint64_t epoch_of(std::int64_t sequences) const noexcept;
+  const corpus::shard_manifest& manifest() const noexcept {
+    return shards_.manifest();
+  }
+
+protected:
+  void sequence(split s, std::int64_t batch, std::int64_t index,
+                std::int64_t* inputs, std::int64_t* targets) const override;
+
+private:
+  corpus::mapped_shards shards_;
+  int global_batch_;
+  std::uint64_t seed_;
+  std::vector<std::uint64_t> first_window_; ///< per shard, then the total
+  std::uint64_t train_windows_ = 0, val_windows_ = 0;
 };
 
 /// The source a job asks for.

@@ -1,4 +1,5 @@
-// The GPT's layers: embedding, pre-LayerNorm transformer block, head. Each
+// The model's layers: embedding, pre-norm transformer block, head, of the
+// gpt2 family (layers.cpp) or the llama family (llama.cpp). Each
 // global layer owns its parameters and their AdamW state, so a layer can move
 // between stages with everything it needs (docs/architecture.md, step 5).
 //
@@ -36,7 +37,7 @@ struct micro_batch {
   double loss_scale = 1.0;
 };
 
-/// One global layer of the GPT.
+/// One global layer of the model.
 class layer {
 public:
   virtual ~layer() = default;
@@ -68,11 +69,7 @@ private:
   std::vector<parameter> params_;
 };
 
-/// The epsilon of every LayerNorm of the GPT (the blocks' ln1 and ln2, the
-/// head's ln_f): PyTorch's default, stated for exports (docs/export.md).
-inline constexpr double layer_norm_eps = 1e-5;
-
-/// The logits the head computes its loss from: final LayerNorm, then the LM
+/// The logits the head computes its loss from: final norm, then the LM
 /// head (no bias); [B, T, d] -> [B, T, vocab] in `input`'s dtype. `head`
 /// must be the head layer (else h2::internal_error). For tools and tests
 /// that check H2's forward pass against another implementation

@@ -30,7 +30,9 @@ struct tolerance {
 tolerance default_tolerance(dtype d) noexcept;
 
 /// The operators checked, in this order: embedding, layer_norm, linear,
-/// attention (with its causal mask), gelu, softmax, cross_entropy, adamw.
+/// attention (with its causal mask), gelu, softmax, rms_norm, rope, swiglu,
+/// gqa_attention (fewer key/value heads than query heads), cross_entropy,
+/// adamw: both families' (gpt2, llama) whatever the job's.
 const std::vector<std::string>& checked_operators();
 
 struct opcheck_options {

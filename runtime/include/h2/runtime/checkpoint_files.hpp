@@ -66,6 +66,9 @@ struct checkpoint_manifest {
   std::uint64_t seed = 0;   ///< the job's seed
   /// Token file path -> hex hash (SHA-256 or CRC), in the callers' order.
   std::vector<std::pair<std::string, std::string>> data_hashes;
+  /// Where the training data stands after `step` steps (at_step()):
+  /// {"source", "sequences", ...}; empty in checkpoints of older H2s.
+  nlohmann::json data;
   std::string plan_json;          ///< the plan that wrote it, as JSON text
   std::string job_toml;           ///< the job file's text
   std::vector<file_record> files; ///< one per layer, by layer index

@@ -23,13 +23,19 @@
 
 namespace h2::runtime {
 
-/// The manifest of `job` under `p` (the saver sets its step; files are
-/// filled by write_checkpoint): model shape, optimizer and schedule keys,
-/// seed, a CRC32C of each token file, the plan and the job file's text.
+/// The manifest of `job` under `p` (the saver sets its step with at_step;
+/// files are filled by write_checkpoint): model shape, optimizer and
+/// schedule keys, seed, a CRC32C of each token file (for shards: of their
+/// manifest, and the tokenizer's hash), the plan and the job file's text.
 /// Hashes the token files: make it once per run. Throws
 /// checkpoint_error(io) when a token file cannot be read.
 checkpoint_manifest job_manifest(const job_config& job, const plan& p,
                                  const std::string& job_text);
+
+/// Sets `m`'s step to `step` and its data position: the training
+/// sequences read so far (step x global batch) and, for token shards, the
+/// epoch and the position in it (docs/data.md, "Order").
+void at_step(checkpoint_manifest& m, std::int64_t step);
 
 /// Checks that the checkpoint described by `saved` continues `job`: the
 /// model shape, the data (source, files and their hashes), the global

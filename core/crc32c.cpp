@@ -1,4 +1,4 @@
-#include "h2/transport/crc32c.hpp"
+#include "h2/core/crc32c.hpp"
 
 #include <array>
 #include <cstring>
@@ -8,7 +8,7 @@
 #include <nmmintrin.h>
 #endif
 
-namespace h2::transport {
+namespace h2 {
 
 namespace {
 
@@ -72,4 +72,4 @@ std::uint32_t crc32c(const void* data, std::size_t size,
   return ~crc;
 }
 
-} // namespace h2::transport
+} // namespace h2

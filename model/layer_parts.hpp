@@ -1,0 +1,71 @@
+// What the layers of both families (layers.cpp: gpt2, llama.cpp: llama)
+// share inside model/: their initial weights and the head's logits.
+#pragma once
+
+#include "h2/core/error.hpp"
+#include "h2/model/layers.hpp"
+
+#include <ATen/core/Generator.h>
+
+namespace h2::model::detail {
+
+/// Draws initial weights in a fixed order from one layer's own generator
+/// (seeded from (seed, index)), on the host (the same bits whatever the
+/// device), and puts them on `device`.
+class initializer {
+public:
+  initializer(std::uint64_t seed, int index, c10::Device device);
+
+  at::Tensor normal(at::IntArrayRef shape, double std);
+  at::Tensor zeros(at::IntArrayRef shape) const;
+  at::Tensor ones(at::IntArrayRef shape) const;
+
+private:
+  at::Generator gen_;
+  c10::Device device_;
+};
+
+/// GPT-2's initialisation, which the llama layers share: N(0, 0.02)
+/// weights, residual projections scaled by 1/sqrt(2 n_layer), zero biases,
+/// unit norm gains.
+inline constexpr double init_std = 0.02;
+
+/// A head: final norm, LM head, loss.
+class head_base : public layer {
+public:
+  /// [B, T, d] -> [B, T, vocab] in the input's (or autocast's) dtype.
+  virtual at::Tensor logits(const at::Tensor& x) const = 0;
+
+  /// The summed token cross-entropy of logits(x), times mb.loss_scale.
+  at::Tensor forward(const at::Tensor& x, const micro_batch& mb) final;
+
+protected:
+  head_base(int index, std::int64_t vocab)
+      : layer(index, layer_kind::head), vocab_(vocab) {}
+
+private:
+  std::int64_t vocab_;
+};
+
+/// Layer `index` of `cfg` as one family builds it: its embedding, block or
+/// head class, each constructed from (cfg, index, seed, device).
+template <class Embedding, class Block, class Head>
+std::unique_ptr<layer> make_family_layer(const gpt_config& cfg, int index,
+                                         std::uint64_t seed,
+                                         c10::Device device) {
+  switch (kind_of_layer(cfg, index)) {
+    case layer_kind::embedding:
+      return std::make_unique<Embedding>(cfg, index, seed, device);
+    case layer_kind::block:
+      return std::make_unique<Block>(cfg, index, seed, device);
+    case layer_kind::head:
+      return std::make_unique<Head>(cfg, index, seed, device);
+  }
+  throw internal_error("unknown layer kind");
+}
+
+/// llama.cpp's layers.
+std::unique_ptr<layer> make_llama_layer(const gpt_config& cfg, int index,
+                                        std::uint64_t seed, c10::Device device);
+
+} // namespace h2::model::detail
