@@ -47,7 +47,7 @@ TSAN_BUILD_DIR ?= build-tsan
 # Tests a sanitizer stage leaves out, with their reasons, are listed in
 # tests/sanitizer-exclusions.txt (they all run in `make test`).
 
-.PHONY: all deps configure build demo test test-asan test-tsan bench fuzz clean
+.PHONY: all deps configure build demo text test test-asan test-tsan bench fuzz clean
 
 all: build
 
@@ -74,6 +74,21 @@ build: configure
 demo: configure
 	cmake --build $(BUILD_DIR) -j $(JOBS) --target h2-launch
 	$(BUILD_DIR)/apps/h2-launch examples/demo.toml
+
+# The README's "Train on text": Debian's fortunes tokenized once into
+# $(BUILD_DIR)/text/fortunes (h2-data, docs/data.md), a small Llama trained
+# on them (examples/text.toml), then a sample from its last checkpoint.
+TEXT_PROMPT ?= The meaning of life is
+text: configure
+	cmake --build $(BUILD_DIR) -j $(JOBS) --target h2-launch h2-data h2-generate
+	@test -f $(BUILD_DIR)/text/fortunes/manifest.json || \
+	  $(BUILD_DIR)/apps/h2-data tokenize --vocab-size 2048 \
+	    --out $(BUILD_DIR)/text/fortunes \
+	    --input $$(find /usr/share/games/fortunes -type f ! -name '*.dat' | sort)
+	$(BUILD_DIR)/apps/h2-launch examples/text.toml
+	$(BUILD_DIR)/apps/h2-generate \
+	  $$(ls -d $(BUILD_DIR)/text/checkpoints/step-* | tail -n 1) \
+	  --prompt "$(TEXT_PROMPT)" --tokens 80 --seed 1
 
 test: build
 	ctest --test-dir $(BUILD_DIR) --output-on-failure -j $(JOBS) $(CTEST_ARGS)

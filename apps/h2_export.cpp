@@ -6,8 +6,12 @@
 #include "h2/apps/exit_codes.hpp"
 #include "h2/apps/session.hpp"
 #include "h2/core/error.hpp"
+#include "h2/corpus/shards.hpp"
 #include "h2/runtime/checkpoint_files.hpp"
 #include "h2/runtime/export.hpp"
+#include "h2/runtime/hf_format.hpp"
+
+#include <nlohmann/json.hpp>
 
 #include <CLI/CLI.hpp>
 
@@ -20,6 +24,7 @@
 #include <iostream>
 #include <memory>
 #include <span>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -38,7 +43,8 @@ constexpr std::uint64_t max_logits_bytes = 1ull << 30;
 struct options {
   std::string checkpoint;
   std::string out;
-  std::string tokens; ///< --logits: the token file ("" without)
+  std::string format = "h2"; ///< "h2" or "hf"
+  std::string tokens;        ///< --logits: the token file ("" without)
 };
 
 /// The checkpoint in `dir` as a model. A checkpoint that is missing,
@@ -138,6 +144,73 @@ int export_weights(const runtime::checkpoint_model& m, const fs::path& out) {
   return apps::exit_ok;
 }
 
+/// The tokenizer the checkpoint's job trained with, if its shard directory
+/// still holds the one the checkpoint recorded; empty otherwise (and why in
+/// `why`).
+fs::path tokenizer_of(const runtime::checkpoint_model& m, std::string& why) {
+  if (m.tokenizer_hash().empty()) {
+    why = "the job did not train on token shards";
+    return {};
+  }
+  const auto path =
+    fs::path(m.data().shards_dir) / corpus::shard_tokenizer_file;
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream bytes;
+  if (!in || !(bytes << in.rdbuf())) {
+    why = path.string() + " cannot be read";
+    return {};
+  }
+  if (corpus::sha256_of(bytes.str()) != m.tokenizer_hash()) {
+    why = path.string() + " is not the tokenizer the checkpoint recorded";
+    return {};
+  }
+  return path;
+}
+
+/// OUT as a Hugging Face model directory (docs/export.md, "Hugging Face").
+int export_hf(const runtime::checkpoint_model& m, const fs::path& out) {
+  std::error_code ec;
+  if (fs::exists(out, ec) &&
+      !(fs::is_directory(out, ec) && fs::is_empty(out, ec)))
+    throw config_error("out",
+                       out.string() + ": exists and is not an empty directory");
+  fs::create_directories(out, ec);
+  if (ec)
+    throw config_error("out",
+                       out.string() + ": cannot create: " + ec.message());
+  const auto& g = m.config();
+  const auto tensors = runtime::to_hf_tensors(g, m.weights());
+  apps::write_safetensors((out / "model.safetensors").string(), tensors,
+                          m.job_name());
+  std::string why;
+  const auto tokenizer = tokenizer_of(m, why);
+  const int bos = tokenizer.empty() ? -1 : 1, eos = tokenizer.empty() ? -1 : 2;
+  write_bytes(out / "config.json",
+              runtime::hf_config(g, bos, eos).dump(2) + "\n");
+  if (!tokenizer.empty()) {
+    fs::copy_file(tokenizer, out / "tokenizer.model",
+                  fs::copy_options::overwrite_existing);
+    const nlohmann::json tc = {{"tokenizer_class", "LlamaTokenizer"},
+                               {"model_max_length", g.seq_len},
+                               {"bos_token", "<s>"},
+                               {"eos_token", "</s>"},
+                               {"unk_token", "<unk>"},
+                               {"add_bos_token", false},
+                               {"add_eos_token", false},
+                               {"legacy", true}};
+    write_bytes(out / "tokenizer_config.json", tc.dump(2) + "\n");
+  }
+  std::cout << "h2-export: step " << m.step() << " of job \"" << m.job_name()
+            << "\" as "
+            << (g.family == model_family::llama ? "LlamaForCausalLM"
+                                                : "GPT2LMHeadModel")
+            << ": " << tensors.size() << " tensors, config.json"
+            << (tokenizer.empty() ? " (no tokenizer: " + why + ")"
+                                  : ", tokenizer.model")
+            << " in " << out.string() << std::endl;
+  return apps::exit_ok;
+}
+
 int export_logits(const runtime::checkpoint_model& m,
                   const std::string& tokens_path, const fs::path& out) {
   const auto& g = m.config();
@@ -155,6 +228,8 @@ int run(const options& o) {
   const auto model = load(o.checkpoint);
   if (!o.tokens.empty())
     return export_logits(*model, o.tokens, o.out);
+  if (o.format == "hf")
+    return export_hf(*model, o.out);
   return export_weights(*model, o.out);
 }
 
@@ -174,6 +249,12 @@ int main(int argc, char** argv) {
                 "Output: the weights (OUT.safetensors; the config goes to "
                 "OUT.config.json), or with --logits the logits")
     ->required();
+  cli
+    .add_option("--format", o.format,
+                "h2 (default): OUT.safetensors under H2's names plus "
+                "OUT.config.json; hf: OUT is a Hugging Face model directory "
+                "(config.json, model.safetensors, tokenizer.model)")
+    ->check(CLI::IsMember({"h2", "hf"}));
   cli.add_option("--logits", o.tokens,
                  "Test only: run H2's forward pass (fp32, CPU) on the token "
                  "ids in FILE (int32 little-endian [batch, seq_len]) and write "

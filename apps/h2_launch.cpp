@@ -30,7 +30,8 @@ int run_in_process(const std::string& job_path, const apps::run_flags& f) {
         rc != apps::exit_ok)
       return rc;
   auto chosen = apps::choose_plan(f, *job);
-  auto resume = apps::resume_from(f, *job);
+  auto resume =
+    apps::resume_from(f, *job, chosen.value, apps::job_text(job_path));
   actors::local_job local(job, chosen.value);
   apps::metrics_service metrics(*job, f, 0, "h2");
   apps::admin_service admin(*job, f, "h2");

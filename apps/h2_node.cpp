@@ -191,7 +191,13 @@ int run_node(node_flags& nf) {
     predicted = chosen.predicted_step_seconds;
     // It reads and checks the whole checkpoint; every node then loads
     // its own chips' layers from the directory.
-    if (auto c = apps::resume_from(nf.run, *job)) {
+    if (!nf.run.init_from.empty() && job->checkpoint.dir.empty())
+      throw config_error("--init-from",
+                         "over nodes it needs [checkpoint] dir: the converted "
+                         "weights are saved there as step 0 for every node "
+                         "to load");
+    if (auto c = apps::resume_from(nf.run, *job, *o.plan_override,
+                                   apps::job_text(nf.job_path))) {
       auto located = std::make_shared<runtime::checkpoint>();
       located->dir = c->dir;
       located->manifest = c->manifest;

@@ -270,9 +270,10 @@ int run(const options& opt) {
   for (const auto* c : pl.chips())
     ++kinds[c->profile.name];
   std::cout << "h2-plan: job \"" << printable(job.name)
-            << "\": " << model_parameters(job.model) << "-parameter GPT, "
-            << job.model.num_layers() << " layers, " << to_string(pl.schedule())
-            << ", " << pl.chips().size() << " chip"
+            << "\": " << model_parameters(job.model) << "-parameter "
+            << display_name(job.model.family) << ", " << job.model.num_layers()
+            << " layers, " << to_string(pl.schedule()) << ", "
+            << pl.chips().size() << " chip"
             << (pl.chips().size() == 1 ? "" : "s") << " of " << kinds.size()
             << " kind" << (kinds.size() == 1 ? "" : "s") << ", global batch "
             << job.train.global_batch << " x " << job.model.seq_len

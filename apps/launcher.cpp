@@ -287,6 +287,8 @@ attempt run_nodes(const launch_state& ls, const run_flags& f,
         a.insert(a.end(), {"--stop-after", std::to_string(f.stop_after)});
       if (!f.resume.empty())
         a.insert(a.end(), {"--resume", f.resume});
+      if (!f.init_from.empty())
+        a.insert(a.end(), {"--init-from", f.init_from});
       for (const auto& r : f.replans)
         a.insert(a.end(), {"--replan", r});
       if (f.admin_port >= 0)
@@ -468,6 +470,8 @@ int launch_nodes(const launch_options& o) {
     flags.replans.clear();
     auto latest = runtime::latest_checkpoint(job->checkpoint.dir, nullptr);
     flags.resume = latest ? latest->string() : "";
+    if (latest) // --init-from saved step 0 there at the least
+      flags.init_from.clear();
     std::string left;
     for (const auto& n : job->nodes)
       if (std::find(excluded.begin(), excluded.end(), n.rank) ==

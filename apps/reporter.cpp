@@ -79,14 +79,15 @@ void reporter::on_setup(const plan& p,
     report_of[r.chip] = &r;
   std::FILE* out = options_.out;
   if (stage_of_.empty()) // a live rebalance prints only the new stages
-    std::fprintf(
-      out,
-      "h2: job \"%s\": %lld-parameter GPT, %d layers, %s "
-      "schedule, %s clock\n",
-      printable(job_.name).c_str(),
-      static_cast<long long>(model_parameters(job_.model)),
-      job_.model.num_layers(), std::string(to_string(p.schedule)).c_str(),
-      std::string(to_string(job_.emulation.clock)).c_str());
+    std::fprintf(out,
+                 "h2: job \"%s\": %lld-parameter %s, %d layers, %s "
+                 "schedule, %s clock\n",
+                 printable(job_.name).c_str(),
+                 static_cast<long long>(model_parameters(job_.model)),
+                 std::string(display_name(job_.model.family)).c_str(),
+                 job_.model.num_layers(),
+                 std::string(to_string(p.schedule)).c_str(),
+                 std::string(to_string(job_.emulation.clock)).c_str());
   for (std::size_t ri = 0; ri < p.replicas.size(); ++ri) {
     const auto& r = p.replicas[ri];
     std::fprintf(out, "h2: replica %zu: %d micro-batches of %d sequences\n", ri,

@@ -1,6 +1,7 @@
 #include "h2/apps/session.hpp"
 
 #include "h2/apps/cli.hpp"
+#include "h2/runtime/hf_format.hpp"
 
 #include "h2/apps/app.hpp"
 #include "h2/core/error.hpp"
@@ -54,6 +55,12 @@ void add_run_flags(CLI::App& cli, run_flags& f) {
   cli.add_option("--resume", f.resume,
                  "Continue from a checkpoint: its directory, or 'latest' "
                  "(the newest complete one under checkpoint.dir)");
+  cli.add_option(
+    "--init-from", f.init_from,
+    "Start from a Hugging Face model directory (LlamaForCausalLM or "
+    "GPT2LMHeadModel, e.g. from h2-export --format hf): its weights, a "
+    "fresh optimizer, step 0. Saved as step 0 under checkpoint.dir when the "
+    "job has one (--nodes needs it)");
   cli.add_option("--replan", f.replans,
                  "STEP:PLAN.json: before step STEP, move the running job to "
                  "this plan (the same chips in the same order: other layer "
@@ -156,8 +163,44 @@ std::string job_identity(const std::string& text,
   return out + "\n";
 }
 
-std::shared_ptr<const runtime::checkpoint> resume_from(const run_flags& flags,
-                                                       const job_config& job) {
+namespace {
+
+/// --init-from: the Hugging Face model as a checkpoint of step 0.
+std::shared_ptr<const runtime::checkpoint>
+init_from(const run_flags& flags, const job_config& job, const plan& p,
+          const std::string& job_text) {
+  if (!flags.resume.empty())
+    throw config_error("--init-from", "not with --resume (a checkpoint "
+                                      "brings its own weights)");
+  auto c = std::make_shared<runtime::checkpoint>();
+  c->layers = runtime::read_hf_model(flags.init_from, job.model, "--init-from");
+  c->manifest = runtime::job_manifest(job, p, job_text);
+  runtime::at_step(c->manifest, 0);
+  c->dir = flags.init_from;
+  if (!job.checkpoint.dir.empty()) {
+    try {
+      c->dir =
+        runtime::write_checkpoint(job.checkpoint.dir, c->manifest, c->layers);
+      c->manifest = runtime::read_manifest(c->dir);
+    } catch (const runtime::checkpoint_error& e) {
+      throw config_error("--init-from", e.what());
+    }
+  }
+  std::cout << "h2: starting from " << flags.init_from
+            << " (Hugging Face weights, fresh optimizer state"
+            << (job.checkpoint.dir.empty() ? ""
+                                           : ", saved as " + c->dir.string())
+            << ")" << std::endl;
+  return c;
+}
+
+} // namespace
+
+std::shared_ptr<const runtime::checkpoint>
+resume_from(const run_flags& flags, const job_config& job, const plan& p,
+            const std::string& job_text) {
+  if (!flags.init_from.empty())
+    return init_from(flags, job, p, job_text);
   if (flags.resume.empty())
     return nullptr;
   std::filesystem::path dir = flags.resume;

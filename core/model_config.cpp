@@ -26,6 +26,10 @@ std::string_view to_string(model_family family) noexcept {
   return "unknown";
 }
 
+std::string_view display_name(model_family family) noexcept {
+  return family == model_family::llama ? "Llama" : "GPT";
+}
+
 int default_llama_d_ff(int d_model) noexcept {
   const std::int64_t f = (8 * static_cast<std::int64_t>(d_model) + 2) / 3;
   return static_cast<int>((f + 63) / 64 * 64);

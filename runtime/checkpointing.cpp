@@ -34,9 +34,6 @@ std::string file_crc32c(const std::string& path) {
   return hex;
 }
 
-/// The key of a shard directory's tokenizer among a manifest's data hashes.
-constexpr const char* tokenizer_hash_key = "tokenizer";
-
 std::vector<std::pair<std::string, std::string>>
 data_hashes(const data_config& data) {
   std::vector<std::pair<std::string, std::string>> out;

@@ -5,6 +5,7 @@
 #include "h2/core/job.hpp"
 #include "h2/devices/device_context.hpp"
 #include "h2/model/layers.hpp"
+#include "h2/runtime/checkpointing.hpp"
 #include "h2/runtime/stage_state.hpp"
 
 #include <ATen/core/grad_mode.h>
@@ -45,6 +46,10 @@ checkpoint_model::checkpoint_model(const checkpoint& c,
   const job_config job = recorded_job(c.manifest, manifest_path);
   job_name_ = job.name;
   config_ = job.model;
+  data_ = job.data;
+  for (const auto& [path, hash] : c.manifest.data_hashes)
+    if (path == tokenizer_hash_key)
+      tokenizer_ = hash;
   if (static_cast<int>(c.layers.size()) != config_.num_layers() ||
       c.manifest.files.size() != c.layers.size())
     throw checkpoint_error(
@@ -82,15 +87,13 @@ std::vector<parameter_values> checkpoint_model::weights() const {
   return out;
 }
 
-std::vector<float>
-checkpoint_model::logits(std::span<const std::int32_t> tokens) const {
-  const std::int64_t t = config_.seq_len;
-  H2_ENFORCE(!tokens.empty() && tokens.size() % t == 0, tokens.size(),
-             " tokens are not whole sequences of ", t);
+at::Tensor
+checkpoint_model::forward_logits(std::span<const std::int32_t> tokens,
+                                 std::int64_t b) const {
   for (auto id : tokens)
     H2_ENFORCE(id >= 0 && id < config_.vocab_size, "token id ", id,
                " outside the vocabulary of ", config_.vocab_size);
-  const std::int64_t b = static_cast<std::int64_t>(tokens.size()) / t;
+  const std::int64_t t = static_cast<std::int64_t>(tokens.size()) / b;
   at::NoGradGuard no_grad;
   model::micro_batch mb;
   mb.tokens = at::from_blob(const_cast<std::int32_t*>(tokens.data()), {b, t},
@@ -101,10 +104,30 @@ checkpoint_model::logits(std::span<const std::int32_t> tokens) const {
   at::Tensor x;
   for (std::size_t i = 0; i + 1 < layers_.size(); ++i)
     x = layers_[i]->forward(x, mb);
+  return model::head_logits(*layers_.back(), x).to(at::kFloat).contiguous();
+}
+
+std::vector<float>
+checkpoint_model::logits(std::span<const std::int32_t> tokens) const {
+  const std::int64_t t = config_.seq_len;
+  H2_ENFORCE(!tokens.empty() && tokens.size() % t == 0, tokens.size(),
+             " tokens are not whole sequences of ", t);
   const auto out =
-    model::head_logits(*layers_.back(), x).to(at::kFloat).contiguous();
+    forward_logits(tokens, static_cast<std::int64_t>(tokens.size()) / t);
   const float* data = out.data_ptr<float>();
   return {data, data + out.numel()};
+}
+
+std::vector<float>
+checkpoint_model::last_logits(std::span<const std::int32_t> tokens) const {
+  H2_ENFORCE(!tokens.empty() &&
+               tokens.size() <= static_cast<std::size_t>(config_.seq_len),
+             tokens.size(), " tokens for a context of ", config_.seq_len);
+  const auto out = forward_logits(tokens, 1);
+  const float* last =
+    out.data_ptr<float>() +
+    (static_cast<std::int64_t>(tokens.size()) - 1) * config_.vocab_size;
+  return {last, last + config_.vocab_size};
 }
 
 nlohmann::json export_config(const checkpoint_model& m,

@@ -196,26 +196,6 @@ void stage_worker::detach_channels() noexcept {
     link.channel.reset();
 }
 
-template <class F>
-auto stage_worker::guarded(F&& f) -> decltype(f()) {
-  const auto failures_before = device_->memory().failures();
-  try {
-    return f();
-  } catch (const device_error&) {
-    close_channels();
-    throw;
-  } catch (const h2::error&) {
-    close_channels();
-    throw;
-  } catch (const c10::Error& e) {
-    close_channels();
-    std::rethrow_exception(device_->translate(e, failures_before));
-  } catch (...) {
-    close_channels();
-    throw;
-  }
-}
-
 memory_report stage_worker::memory_now() const {
   const auto m = device_->usage();
   return {m.used, m.peak, m.capacity};

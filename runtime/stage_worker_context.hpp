@@ -1,10 +1,13 @@
 // Private to runtime/: the state of one step's op list, shared by
 // stage_worker.cpp (receives, reductions) and stage_worker_step.cpp (the op
-// loop).
+// loop), and the error guard both run their work under.
 #pragma once
 
+#include "h2/core/error.hpp"
 #include "h2/model/split_backward.hpp"
 #include "h2/runtime/stage_worker.hpp"
+
+#include <c10/util/Exception.h>
 
 #include <map>
 #include <vector>
@@ -44,5 +47,27 @@ struct stage_worker::op_context {
   /// and W count as backward).
   double forward_charged = 0, backward_charged = 0;
 };
+
+// Defined here, not in stage_worker.cpp: stage_worker_step.cpp uses it too,
+// and each file compiles alone (H2_UNITY=OFF).
+template <class F>
+auto stage_worker::guarded(F&& f) -> decltype(f()) {
+  const auto failures_before = device_->memory().failures();
+  try {
+    return f();
+  } catch (const device_error&) {
+    close_channels();
+    throw;
+  } catch (const h2::error&) {
+    close_channels();
+    throw;
+  } catch (const c10::Error& e) {
+    close_channels();
+    std::rethrow_exception(device_->translate(e, failures_before));
+  } catch (...) {
+    close_channels();
+    throw;
+  }
+}
 
 } // namespace h2::runtime

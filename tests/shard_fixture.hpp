@@ -1,15 +1,30 @@
 // Token shards for tests (corpus/shards.hpp) without a tokenizer: a
-// tokenizer file of fixed bytes, and shards of generated ids.
+// tokenizer file of fixed bytes, and shards of generated ids; and the text
+// corpus every machine has (Debian's fortunes, make deps).
 #pragma once
 
 #include "h2/corpus/shards.hpp"
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <string>
 #include <vector>
 
 namespace h2::test {
+
+/// Every text file of Debian's fortunes (not the .dat indexes or the .u8
+/// links), in name order.
+inline std::vector<std::filesystem::path> fortune_files() {
+  std::vector<std::filesystem::path> out;
+  for (const auto& e :
+       std::filesystem::directory_iterator("/usr/share/games/fortunes"))
+    if (e.is_regular_file() && !e.is_symlink() &&
+        e.path().extension() != ".dat")
+      out.push_back(e.path());
+  std::sort(out.begin(), out.end());
+  return out;
+}
 
 /// Writes shards of `sizes` tokens into `dir` (shard-0.bin, ...) whose
 /// token i (counted over the whole corpus) is (i x 7 + i / 5) mod `vocab`,

@@ -38,7 +38,7 @@ plan cut(const job_config& job, const std::vector<int>& layers) {
   return one_replica_plan(job, layers, 2, 4);
 }
 
-struct outcome {
+struct replan_outcome {
   std::vector<double> losses;
   std::vector<runtime::parameter_values> params;
   std::vector<std::vector<int>> stage_layers; ///< from each on_setup
@@ -56,8 +56,8 @@ public:
   }
 };
 
-outcome run(const std::shared_ptr<job_config>& job, const plan& p,
-            std::map<int, plan> replans) {
+replan_outcome run(const std::shared_ptr<job_config>& job, const plan& p,
+                   std::map<int, plan> replans) {
   actors::local_job local(job, p);
   setup_recorder recorder;
   actors::run_options o(job->train.steps, true);

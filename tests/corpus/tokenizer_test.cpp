@@ -8,6 +8,8 @@
 #include "h2/core/error.hpp"
 #include "h2/core/files.hpp"
 
+#include "shard_fixture.hpp"
+
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -20,18 +22,6 @@ namespace h2::corpus {
 namespace {
 
 namespace fs = std::filesystem;
-
-/// The fortunes corpus: every text file of the package (not the .dat
-/// indexes), in name order.
-std::vector<fs::path> fortunes() {
-  std::vector<fs::path> out;
-  for (const auto& e : fs::directory_iterator("/usr/share/games/fortunes"))
-    if (e.is_regular_file() && !e.is_symlink() &&
-        e.path().extension() != ".dat")
-      out.push_back(e.path());
-  std::sort(out.begin(), out.end());
-  return out;
-}
 
 std::string read(const fs::path& p) {
   std::ifstream in(p, std::ios::binary);
@@ -53,7 +43,7 @@ protected:
 };
 
 TEST_F(corpus_tokenizer, the_corpus_round_trips_through_its_shards) {
-  const auto inputs = fortunes();
+  const auto inputs = test::fortune_files();
   ASSERT_GT(inputs.size(), 10u) << "make deps installs Debian's fortunes";
   tokenizer_training t;
   t.vocab_size = 1000;

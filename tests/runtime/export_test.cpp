@@ -3,6 +3,7 @@
 // loss is computed from, the config states the model, and a checkpoint
 // that is not its job's model is an error naming the file.
 #include "h2/runtime/export.hpp"
+#include "h2/runtime/generate.hpp"
 
 #include "h2/core/error.hpp"
 #include "h2/core/job.hpp"
@@ -17,6 +18,7 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <set>
 
 namespace h2::runtime {
 namespace {
@@ -166,6 +168,44 @@ TEST(runtime_export, a_checkpoint_that_is_not_its_jobs_model_names_the_file) {
   e = error_of([&] { checkpoint_model m(checkpoint_of(deeper, g), dir); });
   EXPECT_EQ(e.kind(), checkpoint_errc::mismatch);
   EXPECT_EQ(e.file(), dir / "manifest.json");
+}
+
+// Generation (runtime/generate.hpp): greedy is the argmax, top-k never
+// leaves the k likeliest, a seed gives the same continuation, and a prefix's
+// last logits are the full sequence's at that position (causality), for
+// both families.
+TEST(runtime_generate, sampling_rules) {
+  const std::vector<float> logits{0.5f, 3.0f, -1.0f, 2.9f, 3.0f};
+  EXPECT_EQ(sample_token(logits, {0.0, 0, 0}, 0.99), 1); // first of equals
+  std::set<int> seen;
+  for (int i = 0; i < 200; ++i)
+    seen.insert(sample_token(logits, {1.0, 2, 0}, i / 200.0));
+  EXPECT_EQ(seen, (std::set<int>{1, 4}));
+  seen.clear();
+  for (int i = 0; i < 200; ++i)
+    seen.insert(sample_token(logits, {5.0, 0, 0}, i / 200.0));
+  EXPECT_EQ(seen.size(), 5u); // a hot softmax over all reaches every token
+}
+
+TEST(runtime_generate, continuations_are_reproducible_and_causal) {
+  for (const auto& model :
+       {test::small_model_toml, test::small_llama_model_toml}) {
+    const auto job = job_text(model);
+    const auto g = parse_job(job, "test").model;
+    checkpoint_model m(checkpoint_of(job, g), dir);
+    const std::vector<std::int32_t> prompt{3, 1, 4};
+    const auto a = generate(m, prompt, 12, {0.8, 5, 7});
+    EXPECT_EQ(a, generate(m, prompt, 12, {0.8, 5, 7}));
+    EXPECT_EQ(a.size(), 12u); // past seq_len (8): a sliding window
+    EXPECT_NE(a, generate(m, prompt, 12, {0.8, 5, 8}));
+    std::vector<std::int32_t> seq(g.seq_len);
+    for (int i = 0; i < g.seq_len; ++i)
+      seq[i] = (i * 3 + 1) % g.vocab_size;
+    const auto full = m.logits(seq);
+    const auto prefix = m.last_logits(std::span(seq).first(5));
+    for (int v = 0; v < g.vocab_size; ++v)
+      EXPECT_NEAR(prefix[v], full[4 * g.vocab_size + v], 1e-5);
+  }
 }
 
 } // namespace

@@ -35,6 +35,8 @@ struct run_flags {
   bool quiet = false;
   int stop_after = 0; ///< end cleanly after this step (0: train.steps)
   std::string resume; ///< checkpoint directory, "latest" or "" (none)
+  /// --init-from: a Hugging Face model directory to start from ("" none).
+  std::string init_from;
   /// --replan STEP:PLAN.json, as given (a drill: move layers live).
   std::vector<std::string> replans;
   /// --join-timeout: overrides cluster.join_timeout_seconds (jobs over
@@ -75,11 +77,16 @@ std::string job_text(const std::string& path);
 
 /// The checkpoint --resume names (a directory, or "latest": the newest
 /// complete one under checkpoint.dir, skipping incomplete ones with a
-/// line each), read and checked against `job`; null without --resume.
-/// Throws config_error naming --resume or the key that may not change
+/// line each), read and checked against `job`; or, with --init-from, the
+/// Hugging Face model it names as a checkpoint of step 0 (weights only,
+/// fresh optimizer state; written under checkpoint.dir as step 0 when the
+/// job has one, which --nodes needs); null without either. `p` and
+/// `job_text` are the run's (the step-0 manifest records them). Throws
+/// config_error naming --resume, --init-from or the key that may not change
 /// (exit 2), also for a damaged checkpoint (its checkpoint_error's text).
-std::shared_ptr<const runtime::checkpoint> resume_from(const run_flags& flags,
-                                                       const job_config& job);
+std::shared_ptr<const runtime::checkpoint>
+resume_from(const run_flags& flags, const job_config& job, const plan& p,
+            const std::string& job_text);
 
 /// The live re-plans --replan asks for: step -> plan, each read from its
 /// JSON file and checked against `job` (validate_plan; that it keeps the

@@ -23,6 +23,9 @@ enum class model_family {
 /// "gpt2", "llama".
 std::string_view to_string(model_family family) noexcept;
 
+/// What logs call a model of `family`: "GPT", "Llama".
+std::string_view display_name(model_family family) noexcept;
+
 /// A decoder-only transformer. Its layers, in pipeline order, are
 /// 0 = embedding (token, plus position for gpt2), 1..n_layer = blocks,
 /// n_layer + 1 = head (final norm + LM head + loss).

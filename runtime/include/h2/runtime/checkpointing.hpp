@@ -32,6 +32,10 @@ namespace h2::runtime {
 checkpoint_manifest job_manifest(const job_config& job, const plan& p,
                                  const std::string& job_text);
 
+/// The key under which a manifest's data_hashes record the tokenizer of
+/// token shards.
+inline constexpr const char* tokenizer_hash_key = "tokenizer";
+
 /// Sets `m`'s step to `step` and its data position: the training
 /// sequences read so far (step x global batch) and, for token shards, the
 /// epoch and the position in it (docs/data.md, "Order").

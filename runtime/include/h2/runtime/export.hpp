@@ -4,11 +4,13 @@
 // libtorch stays behind this header.
 #pragma once
 
+#include "h2/core/job.hpp"
 #include "h2/core/model_config.hpp"
 #include "h2/model/fwd.hpp"
 #include "h2/runtime/checkpoint_files.hpp"
 #include "h2/runtime/reports.hpp"
 
+#include <ATen/core/Tensor.h>
 #include <nlohmann/json.hpp>
 
 #include <cstdint>
@@ -44,6 +46,10 @@ public:
   const gpt_config& config() const noexcept { return config_; }
   /// Completed optimizer steps of the checkpoint.
   std::int64_t step() const noexcept { return step_; }
+  /// The job's [data]: where its tokenizer is, for token shards.
+  const data_config& data() const noexcept { return data_; }
+  /// The tokenizer hash the checkpoint recorded ("" without shards).
+  const std::string& tokenizer_hash() const noexcept { return tokenizer_; }
 
   /// The weights under H2's parameter names, global layer by layer and in
   /// each layer's order: the names, order and values h2-launch --export
@@ -57,9 +63,20 @@ public:
   /// Returns the logits [sequences, seq_len, vocab_size], row-major.
   std::vector<float> logits(std::span<const std::int32_t> tokens) const;
 
+  /// The logits [vocab_size] at the last position of one sequence of
+  /// `tokens` (1 to seq_len ids in [0, vocab_size)): what generation draws
+  /// the next token from. A violation is h2::internal_error.
+  std::vector<float> last_logits(std::span<const std::int32_t> tokens) const;
+
 private:
+  /// The head's logits of `b` sequences of `tokens.size() / b` ids.
+  at::Tensor forward_logits(std::span<const std::int32_t> tokens,
+                            std::int64_t b) const;
+
   std::string job_name_;
   gpt_config config_;
+  data_config data_;
+  std::string tokenizer_;
   std::int64_t step_ = 0;
   std::vector<std::unique_ptr<model::layer>> layers_;
 };
