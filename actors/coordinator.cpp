@@ -228,7 +228,8 @@ void start_job(coordinator_self self) {
     std::map<int, transport::endpoint_address> addresses;
     for (const auto& [rank, m] : st.members)
       addresses[rank] = m.info.address;
-    for (auto& [rank, links] : runtime::assign_links(p, addresses, forced)) {
+    for (auto& [rank, links] : runtime::assign_links(
+           p, addresses, forced, job.model.tie_embeddings)) {
       if (st.options.log)
         for (const auto& l : links)
           if (l.dial) { // once per channel between nodes

@@ -101,12 +101,14 @@ runtime::run_summary local_job::run(const run_options& opts,
   ctx->watchdog = std::make_shared<runtime::progress_watchdog>(job_->watchdog);
   for (auto& w : setups)
     w.progress = ctx->watchdog->watch(w.chip->id);
-  runtime::wire_channels(setups, runtime::assign_links(plan_, here, "")[0],
-                         *job_, nullptr, transport::deadline::max(),
-                         [this](const std::shared_ptr<transport::channel>& ch) {
-                           std::lock_guard<std::mutex> guard(mutex_);
-                           channels_.push_back(ch);
-                         });
+  runtime::wire_channels(
+    setups,
+    runtime::assign_links(plan_, here, "", job_->model.tie_embeddings)[0],
+    *job_, nullptr, transport::deadline::max(),
+    [this](const std::shared_ptr<transport::channel>& ch) {
+      std::lock_guard<std::mutex> guard(mutex_);
+      channels_.push_back(ch);
+    });
   for (auto& w : setups) {
     chip_options co;
     co.writer = ctx->checkpoints;

@@ -182,6 +182,7 @@ void read_model(table_reader& root, job_config& job) {
                        "(d_model / n_head = " +
                          std::to_string(m.head_dim()) + ")");
   m.rope_theta = number_in(t, "rope_theta", m.rope_theta, 1, 1e12);
+  m.tie_embeddings = t.optional<bool>("tie_embeddings", false);
   t.finish();
 }
 

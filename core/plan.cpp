@@ -226,7 +226,7 @@ std::vector<chip_id> plan_chips(const plan& p) {
   return out;
 }
 
-std::vector<chip_link> plan_links(const plan& p) {
+std::vector<chip_link> plan_links(const plan& p, bool tied_embeddings) {
   std::set<chip_link> links;
   auto add = [&](chip_id x, chip_id y) {
     if (x != y)
@@ -238,6 +238,10 @@ std::vector<chip_link> plan_links(const plan& p) {
   for (const auto& g : reduction_groups(p))
     for (std::size_t i = 0; i < g.members.size(); ++i)
       add(g.members[i], g.members[(i + 1) % g.members.size()]);
+  if (tied_embeddings)
+    for (const auto& r : p.replicas)
+      if (!r.stages.empty())
+        add(r.stages.front().chip, r.stages.back().chip);
   return {links.begin(), links.end()};
 }
 

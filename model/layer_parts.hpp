@@ -43,6 +43,12 @@ protected:
   head_base(int index, std::int64_t vocab)
       : layer(index, layer_kind::head), vocab_(vocab) {}
 
+  /// Adds "head.lm_head.weight" [vocab, d_model], drawn by `init`; or, tied
+  /// (cfg.tie_embeddings), the embedding's own first draw (layer 0 draws
+  /// its token table first in both families), marked tied.
+  at::Tensor& add_lm_head(const gpt_config& cfg, initializer& init,
+                          std::uint64_t seed, c10::Device device);
+
 private:
   std::int64_t vocab_;
 };

@@ -24,7 +24,7 @@ std::int64_t layer::parameter_count() const {
 at::Tensor& layer::add(std::string name, at::Tensor value, bool decay) {
   value.set_requires_grad(true);
   params_.push_back(
-    parameter{std::move(name), std::move(value), decay, {}, {}});
+    parameter{std::move(name), std::move(value), decay, {}, {}, false});
   return params_.back().value;
 }
 
@@ -59,6 +59,17 @@ at::Tensor initializer::zeros(at::IntArrayRef shape) const {
 
 at::Tensor initializer::ones(at::IntArrayRef shape) const {
   return at::ones(shape, at::TensorOptions(at::kFloat).device(device_));
+}
+
+at::Tensor& head_base::add_lm_head(const gpt_config& cfg, initializer& init,
+                                   std::uint64_t seed, c10::Device device) {
+  const std::vector<std::int64_t> shape{cfg.vocab_size, cfg.d_model};
+  if (!cfg.tie_embeddings)
+    return add("head.lm_head.weight", init.normal(shape, init_std), true);
+  initializer embedding(seed, 0, device);
+  auto& w = add("head.lm_head.weight", embedding.normal(shape, init_std), true);
+  parameters().back().tied = true;
+  return w;
 }
 
 at::Tensor head_base::forward(const at::Tensor& x, const micro_batch& mb) {
@@ -164,8 +175,7 @@ public:
     initializer init(seed, index, device);
     ln_w_ = add("head.ln_f.weight", init.ones({cfg.d_model}), false);
     ln_b_ = add("head.ln_f.bias", init.zeros({cfg.d_model}), false);
-    lm_w_ = add("head.lm_head.weight",
-                init.normal({cfg.vocab_size, cfg.d_model}, init_std), true);
+    lm_w_ = add_lm_head(cfg, init, seed, device);
   }
 
   at::Tensor logits(const at::Tensor& x) const override {

@@ -110,8 +110,7 @@ public:
       : head_base(index, cfg.vocab_size), eps_(cfg.norm_eps) {
     initializer init(seed, index, device);
     norm_ = add("head.norm.weight", init.ones({cfg.d_model}), false);
-    lm_w_ = add("head.lm_head.weight",
-                init.normal({cfg.vocab_size, cfg.d_model}, init_std), true);
+    lm_w_ = add_lm_head(cfg, init, seed, device);
   }
 
   at::Tensor logits(const at::Tensor& x) const override {

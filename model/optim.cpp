@@ -4,6 +4,8 @@
 #include "h2/model/ops.hpp"
 
 #include <ATen/TensorOperators.h>
+#include <ATen/core/grad_mode.h>
+#include <ATen/ops/zeros_like.h>
 
 #include <cmath>
 
@@ -26,11 +28,27 @@ double squared_grad_norm(const layer& l) {
   double sum = 0;
   for (auto& p : l.parameters()) {
     const auto& g = p.value.grad();
-    if (!g.defined())
+    if (!g.defined() || p.tied)
       continue;
     sum += g.to(at::kDouble).square().sum().item<double>();
   }
   return sum;
+}
+
+at::Tensor tied_gradient(const at::Tensor& embedding_grad,
+                         const at::Tensor& head_grad, const at::Tensor& like) {
+  at::NoGradGuard no_grad;
+  const auto e =
+    embedding_grad.defined() ? embedding_grad : at::zeros_like(like);
+  const auto h = head_grad.defined() ? head_grad : at::zeros_like(like);
+  return e + h;
+}
+
+parameter* tied_weight(layer& l) {
+  for (auto& p : l.parameters())
+    if (p.tied || p.name == "embedding.wte")
+      return &p;
+  return nullptr;
 }
 
 double global_grad_norm(const std::vector<double>& squared_norms_in_order) {

@@ -40,6 +40,14 @@ double single_chip_trainer::train_step(int step,
     for (int mb : backward_order)
       losses.at(static_cast<std::size_t>(mb)).backward();
   }
+  if (job_.model.tie_embeddings) {
+    // Both copies take the summed gradient (docs/job-file.md).
+    auto* e = tied_weight(*model_.layers().front());
+    auto* h = tied_weight(*model_.layers().back());
+    const auto g = tied_gradient(e->value.grad(), h->value.grad(), e->value);
+    e->value.mutable_grad() = g;
+    h->value.mutable_grad() = g.clone();
+  }
   std::vector<double> norms;
   for (const auto& l : model_.layers())
     norms.push_back(squared_grad_norm(*l));

@@ -88,10 +88,11 @@ checkpoint_manifest job_manifest(const job_config& job, const plan& p,
                                  const std::string& job_text) {
   checkpoint_manifest m;
   const auto& g = job.model;
-  m.model = {{"vocab_size", g.vocab_size}, {"seq_len", g.seq_len},
-             {"d_model", g.d_model},       {"n_head", g.n_head},
-             {"n_layer", g.n_layer},       {"d_ff", g.d_ff},
-             {"layers", g.num_layers()},   {"tied_embeddings", false}};
+  m.model = {
+    {"vocab_size", g.vocab_size}, {"seq_len", g.seq_len},
+    {"d_model", g.d_model},       {"n_head", g.n_head},
+    {"n_layer", g.n_layer},       {"d_ff", g.d_ff},
+    {"layers", g.num_layers()},   {"tied_embeddings", g.tie_embeddings}};
   // Keys a gpt2 model of the default epsilon leaves out, so its digest is
   // that of checkpoints written before families existed.
   if (g.family != model_family::gpt2) {
@@ -153,6 +154,8 @@ void check_resumable(const checkpoint_manifest& saved, const job_config& job,
   same("model.n_kv_head", before.model.kv_heads(), job.model.kv_heads(), dir);
   same("model.rope_theta", before.model.rope_theta, job.model.rope_theta, dir);
   same("model.norm_eps", before.model.norm_eps, job.model.norm_eps, dir);
+  same("model.tie_embeddings", before.model.tie_embeddings,
+       job.model.tie_embeddings, dir);
   same("data.source", static_cast<int>(before.data.source),
        static_cast<int>(job.data.source), dir);
   same("data.entropy_rate", before.data.entropy_rate, job.data.entropy_rate,

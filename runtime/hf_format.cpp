@@ -104,6 +104,9 @@ to_hf_tensors(const gpt_config& cfg,
               const std::vector<parameter_values>& weights) {
   std::vector<parameter_values> out;
   for (const auto& w : weights) {
+    // Tied: Hugging Face ties lm_head to the embedding when it loads.
+    if (cfg.tie_embeddings && w.name == "head.lm_head.weight")
+      continue;
     const auto n = hf_name_of(cfg, w.name);
     parameter_values p{n.name, w.shape, w.values, w.layer};
     if (n.transposed) {
@@ -155,7 +158,7 @@ json hf_config(const gpt_config& g, int bos_id, int eos_id) {
          {"scale_attn_weights", true},
          {"initializer_range", 0.02}};
   }
-  j["tie_word_embeddings"] = false;
+  j["tie_word_embeddings"] = g.tie_embeddings;
   j["torch_dtype"] = "float32";
   j["transformers_version"] = "4.40.0";
   j["producer"] = "h2";
@@ -325,6 +328,10 @@ std::vector<layer_state> read_hf_model(const fs::path& dir,
   const auto config = read_json(config_path, key);
   check_config(config, cfg, config_path, key);
   const bool tied = config.value("tie_word_embeddings", true);
+  if (cfg.tie_embeddings && !tied)
+    throw config_error(key, config_path.string() +
+                              ": tie_word_embeddings is false, the job's "
+                              "model.tie_embeddings true");
   auto weights = read_weights(dir, key);
   std::vector<layer_state> out;
   for (int l = 0; l < cfg.num_layers(); ++l) {
@@ -334,8 +341,12 @@ std::vector<layer_state> read_hf_model(const fs::path& dir,
     s.layer = l;
     for (const auto& p : layer->parameters()) {
       const auto hf = hf_name_of(cfg, p.name);
-      auto it = weights.find(hf.name);
-      if (it == weights.end() && p.name == "head.lm_head.weight" && tied)
+      // A tied head is the embedding (a job with tied embeddings keeps its
+      // two copies equal from the start).
+      const bool head = p.name == "head.lm_head.weight";
+      auto it =
+        head && cfg.tie_embeddings ? weights.end() : weights.find(hf.name);
+      if (it == weights.end() && head && tied)
         it = weights.find(hf_name_of(cfg, "embedding.wte").name);
       if (it == weights.end())
         throw config_error(key, dir.string() + ": no tensor " + hf.name +

@@ -59,7 +59,7 @@ std::string device_path(const chip_spec& a, const chip_spec& b,
 std::map<int, std::vector<link_assignment>>
 assign_links(const plan& p,
              const std::map<int, transport::endpoint_address>& addresses,
-             std::string_view forced) {
+             std::string_view forced, bool tied_embeddings) {
   auto address_of =
     [&](const chip_id& c) -> const transport::endpoint_address& {
     auto a = addresses.find(c.node);
@@ -72,7 +72,7 @@ assign_links(const plan& p,
   const auto available = transport::available_backends();
   std::map<int, std::vector<link_assignment>> out;
   std::uint64_t id = 0;
-  for (const auto& l : plan_links(p)) {
+  for (const auto& l : plan_links(p, tied_embeddings)) {
     ++id;
     const auto& aa = address_of(l.a);
     const auto& ab = address_of(l.b);

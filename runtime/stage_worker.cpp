@@ -156,6 +156,15 @@ make_worker_setups(const std::shared_ptr<const job_config>& job,
         if (c + 1 < chunk_chips.size() && chunk_chips[c + 1] != id)
           w.peers[chunk_chips[c + 1]] = {};
       }
+      // Tied embeddings: the chips of the first and the last chunk sum the
+      // tied gradient (tie_gradients).
+      if (job->model.tie_embeddings &&
+          chunk_chips.front() != chunk_chips.back()) {
+        if (chunk_chips.front() == id)
+          w.peers[chunk_chips.back()] = {};
+        if (chunk_chips.back() == id)
+          w.peers[chunk_chips.front()] = {};
+      }
       for (std::size_t g = 0; g < groups.size(); ++g) {
         const auto& group = groups[g];
         const int size = static_cast<int>(group.members.size());
@@ -443,6 +452,48 @@ void stage_worker::restore(const std::vector<layer_state>& states) {
       restore_layer(*device_, *l, *mine);
     }
   });
+}
+
+void stage_worker::tie_gradients(std::int64_t step, op_context& ctx) {
+  if (!setup_.job->model.tie_embeddings)
+    return;
+  model::parameter *embedding = nullptr, *head = nullptr;
+  const int last = setup_.job->model.num_layers() - 1;
+  for (auto* l : layers_) {
+    if (l->index() == 0)
+      embedding = model::tied_weight(*l);
+    if (l->index() == last)
+      head = model::tied_weight(*l);
+  }
+  if (embedding == nullptr && head == nullptr)
+    return;
+  auto& clock = device_->clock();
+  const double t0 = clock.now(), v0 = clock.virtual_now();
+  const auto tag =
+    transport::collective_tag(step, transport::tied_embedding_group, 0, 0);
+  at::Tensor sum;
+  if (embedding != nullptr && head != nullptr) {
+    sum = model::tied_gradient(embedding->value.grad(), head->value.grad(),
+                               embedding->value);
+  } else {
+    // Each side sends its own and adds the other's, embedding + head.
+    auto* own = embedding != nullptr ? embedding : head;
+    const auto& peer = embedding != nullptr ? setup_.chunk_chips.back()
+                                            : setup_.chunk_chips.front();
+    auto mine = own->value.grad();
+    if (!mine.defined())
+      mine = at::zeros_like(own->value);
+    send(peer, tag, mine);
+    const auto theirs = receive(peer, tag, ctx, 0);
+    sum = embedding != nullptr ? model::tied_gradient(mine, theirs, own->value)
+                               : model::tied_gradient(theirs, mine, own->value);
+  }
+  for (auto* p : {embedding, head})
+    if (p != nullptr)
+      p->value.mutable_grad() =
+        p == head && embedding != nullptr ? sum.clone() : sum;
+  ctx.ops.push_back(
+    {recorded_op::allreduce, 0, t0, clock.now(), clock.virtual_now() - v0});
 }
 
 void stage_worker::reduce_gradients(std::int64_t step, op_context& ctx) {

@@ -262,6 +262,7 @@ chip_step_report stage_worker::run_step(const step_command& cmd) {
       run_op(x, cmd, seconds, ctx, r);
     }
     reduce_gradients(cmd.step, ctx);
+    tie_gradients(cmd.step, ctx);
     r.phase_end = clocks();
     for (const auto* l : layers_) {
       r.layer_ids.push_back(l->index());

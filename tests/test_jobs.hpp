@@ -73,6 +73,12 @@ source = "markov"
 entropy_rate = 1.0
 )";
 
+/// small_llama_model_toml with tied embeddings.
+inline const std::string small_tied_llama_model_toml =
+  small_llama_model_toml.substr(0, small_llama_model_toml.find("[data]")) +
+  "tie_embeddings = true\n" +
+  small_llama_model_toml.substr(small_llama_model_toml.find("[data]"));
+
 /// [train] of the exactness tests: 3 steps of 8 sequences in micro-batches
 /// of 2, warm-up, decay and clipping all in play.
 inline const std::string small_train_toml = R"(

@@ -66,6 +66,8 @@ std::string case_name(const ::testing::TestParamInfo<exact_case>& info) {
     name += "_recompute";
   if (info.param.model == small_llama_model_toml)
     name += "_llama";
+  if (info.param.model == small_tied_llama_model_toml)
+    name += "_tied_llama";
   return name;
 }
 
@@ -97,6 +99,14 @@ TEST_P(actors_exactness, pipeline_equals_single_chip_bitwise) {
   }
   // The run trained: the loss moved.
   EXPECT_NE(losses.front(), losses.back());
+  // Tied: the head's copy is the embedding, bit for bit.
+  if (job.model.tie_embeddings) {
+    const auto& wte = params.front();
+    const auto& head = params.back();
+    ASSERT_EQ(wte.name, "embedding.wte");
+    ASSERT_EQ(head.name, "head.lm_head.weight");
+    EXPECT_EQ(wte.values, head.values);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -126,7 +136,12 @@ INSTANTIATE_TEST_SUITE_P(
     exact_case{3, "[2, 1, 3]", "gpipe", "[true, false, true]",
                small_llama_model_toml},
     exact_case{2, "[2, 1, 1, 2]", "interleaved-1f1b", "",
-               small_llama_model_toml}),
+               small_llama_model_toml},
+    // Tied embeddings: on one chip, across a pipeline (the end chips sum
+    // the tied gradient), and with the zero-bubble split backward.
+    exact_case{1, "[6]", "1f1b", "", small_tied_llama_model_toml},
+    exact_case{3, "[2, 1, 3]", "1f1b", "", small_tied_llama_model_toml},
+    exact_case{4, "[2, 1, 1, 2]", "zb-h1", "", small_tied_llama_model_toml}),
   case_name);
 
 // zb-hetero on chips of several chunks, two each or uneven (chip 0:0 holds

@@ -124,20 +124,22 @@ TEST_P(actors_hf, export_then_init_from_trains_as_the_checkpoint) {
       << e.what();
   }
   other = *j;
-  other.model.family = GetParam() == small_llama_model_toml
-                         ? model_family::gpt2
-                         : model_family::llama;
+  other.model.family =
+    GetParam() == small_model_toml ? model_family::llama : model_family::gpt2;
   EXPECT_THROW(runtime::read_hf_model(hf, other.model, "--init-from"),
                config_error);
 }
 
 INSTANTIATE_TEST_SUITE_P(families, actors_hf,
                          ::testing::Values(small_model_toml,
-                                           small_llama_model_toml),
+                                           small_llama_model_toml,
+                                           small_tied_llama_model_toml),
                          [](const auto& info) {
                            return info.param == small_model_toml
                                     ? std::string("gpt2")
-                                    : std::string("llama");
+                                  : info.param == small_llama_model_toml
+                                    ? std::string("llama")
+                                    : std::string("tied_llama");
                          });
 
 } // namespace

@@ -126,6 +126,33 @@ TEST(actors_replicas, heterogeneous_replicas_equal_one_chip) {
   expect_replicas_identical(r, p);
 }
 
+// Tied embeddings over three replicas cut differently: after the
+// all-reduce each replica's end chips sum the tied gradient, so every copy
+// of the table, on every chip, is bitwise the same.
+TEST(actors_replicas, tied_embeddings_over_heterogeneous_replicas) {
+  auto job = parse_job(replica_job, "replicas.toml");
+  job.model.tie_embeddings = true;
+  plan p;
+  p.schedule = schedule_kind::gpipe;
+  p.replicas = {{{stage(0, 0, 4), stage(1, 4, 6)}, 2, 2},
+                {{stage(2, 0, 1), stage(3, 1, 3), stage(4, 3, 6)}, 1, 2},
+                {{stage(5, 0, 6)}, 1, 2}};
+  validate_plan(p, job, "plan");
+  auto r = run(job, p);
+  expect_close_to_reference(job, r);
+  expect_replicas_identical(r, p);
+  const runtime::parameter_values* table = nullptr;
+  for (const auto& [chip, params] : r.by_chip)
+    for (const auto& v : params)
+      if (v.name == "embedding.wte" || v.name == "head.lm_head.weight") {
+        if (table == nullptr)
+          table = &v;
+        EXPECT_EQ(v.values, table->values)
+          << v.name << " on " << chip.to_string();
+      }
+  ASSERT_NE(table, nullptr);
+}
+
 TEST(actors_replicas, interleaved_replicas_equal_one_chip) {
   // Two replicas of two chips, two chunks each, cut differently: a chip's
   // layers are not contiguous (0:0 holds layers 0-1 and 3-4), so every

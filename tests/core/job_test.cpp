@@ -194,6 +194,7 @@ chips = ["cpu", "emulated:h100-sxm", "emulated:v100-sxm2-32gb"]
   EXPECT_EQ(job.model.family, model_family::gpt2);
   EXPECT_EQ(job.model.kv_heads(), 2);
   EXPECT_EQ(job.model.norm_eps, 1e-5);
+  EXPECT_FALSE(job.model.tie_embeddings);
   // llama: SwiGLU's width 8 d / 3 rounded up to 64; rotary base 10000.
   auto llama = minimal;
   llama.replace(llama.find("n_head = 2"), 10, "n_head = 2\nfamily = \"llama\"");
@@ -202,6 +203,9 @@ chips = ["cpu", "emulated:h100-sxm", "emulated:v100-sxm2-32gb"]
   EXPECT_EQ(l.model.d_ff, 64);
   EXPECT_EQ(l.model.kv_heads(), 2);
   EXPECT_EQ(l.model.rope_theta, 10000.0);
+  llama.replace(llama.find("n_layer = 1"), 11,
+                "n_layer = 1\ntie_embeddings = true");
+  EXPECT_TRUE(parse_job(llama, "<string>").model.tie_embeddings);
   EXPECT_EQ(job.data.source, source_kind::markov);
   EXPECT_EQ(job.train.steps, t.steps);
   EXPECT_EQ(job.train.steps, 100);

@@ -42,6 +42,9 @@ struct gpt_config {
   int n_kv_head = 0;
   double rope_theta = 10000.0; ///< llama: the rotary embedding's base
   double norm_eps = 1e-5;      ///< every LayerNorm's or RMSNorm's epsilon
+  /// The LM head's weight is the token embedding's: the head keeps a copy,
+  /// equal at every step (their gradients are summed, docs/job-file.md).
+  bool tie_embeddings = false;
 
   /// Layers of the pipeline: n_layer blocks plus embedding and head.
   int num_layers() const noexcept { return n_layer + 2; }
@@ -64,8 +67,8 @@ std::string_view to_string(layer_kind kind) noexcept;
 /// The kind of global layer `layer` (0 <= layer < num_layers()).
 layer_kind kind_of_layer(const gpt_config& cfg, int layer);
 
-/// Parameters of one global layer. Embeddings are untied: the head has its
-/// own LM head weight.
+/// Parameters of one global layer. The head counts its LM head weight also
+/// when it is tied to the embedding (the head's chip holds a copy).
 std::int64_t layer_parameters(const gpt_config& cfg, int layer);
 
 /// Parameters of the whole model.

@@ -87,8 +87,10 @@ std::vector<int> stage_positions(const replica_plan& r);
 /// actors' chip lists).
 std::vector<chip_id> plan_chips(const plan& p);
 
-/// Every pair of chips of `p` that needs a channel, sorted.
-std::vector<chip_link> plan_links(const plan& p);
+/// Every pair of chips of `p` that needs a channel, sorted: neighbouring
+/// stages, reduction rings, and with `tied_embeddings` each replica's chips
+/// of the embedding and of the head (they sum the tied weight's gradients).
+std::vector<chip_link> plan_links(const plan& p, bool tied_embeddings = false);
 
 /// The JSON form: {"format": "h2-plan", "version": 2, "schedule": "1f1b",
 /// "replicas": [{"micro_batch_size": 4, "micro_batches": 8, "stages":

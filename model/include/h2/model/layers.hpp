@@ -26,6 +26,10 @@ struct parameter {
   bool decay = false;    ///< weight decay applies (matrices, not biases/norms)
   at::Tensor exp_avg;    ///< AdamW first moment (allocated on first step)
   at::Tensor exp_avg_sq; ///< AdamW second moment (allocated on first step)
+  /// The head's copy of a tied embedding (gpt_config::tie_embeddings): its
+  /// gradient is summed with the embedding's, and it is not counted again
+  /// in the global gradient norm.
+  bool tied = false;
 };
 
 /// The tokens and targets of one micro-batch.

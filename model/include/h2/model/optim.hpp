@@ -16,8 +16,20 @@ namespace h2::model {
 double learning_rate(const train_config& train, int step) noexcept;
 
 /// Sum of squared gradient entries of one layer, accumulated in fp64
-/// parameter by parameter (0 for parameters without a gradient).
+/// parameter by parameter (0 for parameters without a gradient). A tied
+/// copy (parameter::tied) is left out: the embedding counts it once.
 double squared_grad_norm(const layer& l);
+
+/// The tied embedding's gradient (docs/job-file.md, tie_embeddings): the
+/// embedding's and the head's copy's, summed as embedding + head (the same
+/// bits on both chips). Returns `embedding_grad` + `head_grad`, either
+/// undefined counting as zeros like `like`.
+at::Tensor tied_gradient(const at::Tensor& embedding_grad,
+                         const at::Tensor& head_grad, const at::Tensor& like);
+
+/// The token table of an embedding layer and the tied copy of a head layer
+/// (nullptr when `l` has none).
+parameter* tied_weight(layer& l);
 
 /// The global gradient norm from per-layer squared norms in global layer
 /// order, summed in that order: every partition gets the same bits.

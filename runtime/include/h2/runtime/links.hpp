@@ -37,12 +37,13 @@ struct link_assignment {
 /// joined in-process (one assignment, on that process, holds both ends).
 /// Between processes the backend is transport::choose_backend(`forced`)
 /// over available_backends(); the lower chip of a pair accepts, the higher
-/// dials it. Throws config_error when a node has no address or `forced`
-/// cannot join two processes.
+/// dials it. With `tied_embeddings`, the chips of a replica's embedding and
+/// head are joined too (plan_links). Throws config_error when a node has no
+/// address or `forced` cannot join two processes.
 std::map<int, std::vector<link_assignment>>
 assign_links(const plan& p,
              const std::map<int, transport::endpoint_address>& addresses,
-             std::string_view forced);
+             std::string_view forced, bool tied_embeddings = false);
 
 /// Whether a channel of `backend` between chips `a` and `b` passes device
 /// tensors in device memory: shm between two CUDA chips, unless the job

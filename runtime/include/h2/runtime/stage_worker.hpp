@@ -234,6 +234,10 @@ private:
   /// Sums this chip's gradients with its replicas' (ring all-reduce, bucket
   /// by bucket).
   void reduce_gradients(std::int64_t step, op_context& ctx);
+  /// With tied embeddings, after reduce_gradients: the embedding's and the
+  /// head's copy take the sum of their gradients, exchanged between the
+  /// replica's two chips (one chip holding both sums in place).
+  void tie_gradients(std::int64_t step, op_context& ctx);
   template <class F>
   auto guarded(F&& f) -> decltype(f());
 

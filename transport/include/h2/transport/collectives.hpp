@@ -45,6 +45,11 @@ struct allreduce_options {
 std::uint64_t collective_tag(std::int64_t step, int group, int bucket,
                              int ring_step);
 
+/// The group number of collective_tag that the exchange of a tied
+/// embedding's gradients uses (between a replica's embedding and head
+/// chips, which no reduction ring joins).
+inline constexpr int tied_embedding_group = 4095;
+
 /// Ring all-reduce, in place, of the contiguous fp32 tensor `data` among
 /// `size` members; this one is `rank`. Reduce-scatter, then all-gather:
 /// 2 (size - 1) steps, each moving a 1/size share to the next member. Each
