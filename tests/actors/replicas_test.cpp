@@ -110,15 +110,20 @@ TEST(actors_replicas, two_equal_replicas_equal_one_chip) {
   expect_replicas_identical(r, p);
 }
 
-TEST(actors_replicas, heterogeneous_replicas_equal_one_chip) {
-  // Replica 0: two stages, three micro-batches of 2 sequences; replica 1:
-  // three stages cut elsewhere, one micro-batch of 2; replica 2: one chip.
-  auto job = parse_job(replica_job, "replicas.toml");
+/// Replica 0: two stages, three micro-batches of 2 sequences; replica 1:
+/// three stages cut elsewhere, one micro-batch of 2; replica 2: one chip.
+plan three_heterogeneous_replicas() {
   plan p;
   p.schedule = schedule_kind::gpipe;
   p.replicas = {{{stage(0, 0, 4), stage(1, 4, 6)}, 2, 2},
                 {{stage(2, 0, 1), stage(3, 1, 3), stage(4, 3, 6)}, 1, 2},
                 {{stage(5, 0, 6)}, 1, 2}};
+  return p;
+}
+
+TEST(actors_replicas, heterogeneous_replicas_equal_one_chip) {
+  auto job = parse_job(replica_job, "replicas.toml");
+  const plan p = three_heterogeneous_replicas();
   validate_plan(p, job, "plan");
   EXPECT_GT(reduction_groups(p).size(), 2u); // boundaries differ
   auto r = run(job, p);
@@ -132,11 +137,7 @@ TEST(actors_replicas, heterogeneous_replicas_equal_one_chip) {
 TEST(actors_replicas, tied_embeddings_over_heterogeneous_replicas) {
   auto job = parse_job(replica_job, "replicas.toml");
   job.model.tie_embeddings = true;
-  plan p;
-  p.schedule = schedule_kind::gpipe;
-  p.replicas = {{{stage(0, 0, 4), stage(1, 4, 6)}, 2, 2},
-                {{stage(2, 0, 1), stage(3, 1, 3), stage(4, 3, 6)}, 1, 2},
-                {{stage(5, 0, 6)}, 1, 2}};
+  const plan p = three_heterogeneous_replicas();
   validate_plan(p, job, "plan");
   auto r = run(job, p);
   expect_close_to_reference(job, r);
