@@ -29,6 +29,7 @@ try:
     import numpy as np
     import torch
     import torch.nn.functional as F
+    from safetensors_file import read_safetensors
 except ImportError as e:
     sys.exit(f"test_export: FAIL: {sys.executable} cannot import {e.name}: "
              "install Debian's python3-torch and python3-numpy (make deps)")
@@ -79,25 +80,6 @@ layers = [2, 3]
 dir = "{checkpoints}"
 every = 2
 """
-
-SAFETENSORS_DTYPES = {"F32": "<f4", "F16": "<f2", "I64": "<i8"}
-
-
-def read_safetensors(path):
-    """A safetensors file: 8-byte little-endian header length, the JSON
-    header, then the raw little-endian tensors. Returns (tensors, metadata)."""
-    data = pathlib.Path(path).read_bytes()
-    n = int.from_bytes(data[:8], "little")
-    header = json.loads(data[8:8 + n])
-    metadata = header.pop("__metadata__", {})
-    tensors = {}
-    for name, t in header.items():
-        begin, end = t["data_offsets"]
-        array = np.frombuffer(data[8 + n + begin:8 + n + end],
-                              dtype=SAFETENSORS_DTYPES[t["dtype"]])
-        tensors[name] = torch.from_numpy(array.reshape(t["shape"]).copy())
-    return tensors, metadata
-
 
 # H2's names -> nanoGPT's (docs/export.md, "Names"). H2 numbers blocks by
 # global layer (layer 0 is the embedding), so blockN is nanoGPT's h.(N-1).

@@ -22,7 +22,6 @@ import argparse
 import json
 import math
 import pathlib
-import re
 import subprocess
 import sys
 import tempfile
@@ -32,6 +31,7 @@ try:
     import sentencepiece as spm
     import torch
     import torch.nn.functional as F
+    from safetensors_file import read_safetensors
 except ImportError as e:
     sys.exit(f"test_hf: FAIL: {sys.executable} cannot import {e.name}: "
              "install Debian's python3-torch, python3-numpy and "
@@ -98,19 +98,6 @@ def run(args, cwd):
 def check(condition, what):
     if not condition:
         sys.exit(f"test_hf: FAIL: {what}")
-
-
-def read_safetensors(path):
-    data = pathlib.Path(path).read_bytes()
-    n = int.from_bytes(data[:8], "little")
-    header = json.loads(data[8:8 + n])
-    header.pop("__metadata__", None)
-    out = {}
-    for name, t in header.items():
-        begin, end = t["data_offsets"]
-        array = np.frombuffer(data[8 + n + begin:8 + n + end], dtype="<f4")
-        out[name] = torch.from_numpy(array.reshape(t["shape"]).copy())
-    return out
 
 
 # --- Hugging Face's LlamaForCausalLM, from its modelling code --------------
@@ -225,7 +212,7 @@ def check_family(a, tmp, family, shards):
     print(run([a.bin / "h2-export", "--format", "hf", checkpoint, hf], work),
           end="")
     cfg = json.loads((hf / "config.json").read_text())
-    sd = read_safetensors(hf / "model.safetensors")
+    sd, _ = read_safetensors(hf / "model.safetensors")
     check((hf / "tokenizer.model").read_bytes()
           == (shards / "tokenizer.model").read_bytes(), "tokenizer copied")
     check(cfg["architectures"] == [{"llama": "LlamaForCausalLM",
