@@ -6,7 +6,6 @@
 #include "h2/apps/exit_codes.hpp"
 #include "h2/apps/session.hpp"
 #include "h2/core/error.hpp"
-#include "h2/corpus/shards.hpp"
 #include "h2/runtime/checkpoint_files.hpp"
 #include "h2/runtime/export.hpp"
 #include "h2/runtime/hf_format.hpp"
@@ -24,7 +23,6 @@
 #include <iostream>
 #include <memory>
 #include <span>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -144,29 +142,6 @@ int export_weights(const runtime::checkpoint_model& m, const fs::path& out) {
   return apps::exit_ok;
 }
 
-/// The tokenizer the checkpoint's job trained with, if its shard directory
-/// still holds the one the checkpoint recorded; empty otherwise (and why in
-/// `why`).
-fs::path tokenizer_of(const runtime::checkpoint_model& m, std::string& why) {
-  if (m.tokenizer_hash().empty()) {
-    why = "the job did not train on token shards";
-    return {};
-  }
-  const auto path =
-    fs::path(m.data().shards_dir) / corpus::shard_tokenizer_file;
-  std::ifstream in(path, std::ios::binary);
-  std::ostringstream bytes;
-  if (!in || !(bytes << in.rdbuf())) {
-    why = path.string() + " cannot be read";
-    return {};
-  }
-  if (corpus::sha256_of(bytes.str()) != m.tokenizer_hash()) {
-    why = path.string() + " is not the tokenizer the checkpoint recorded";
-    return {};
-  }
-  return path;
-}
-
 /// OUT as a Hugging Face model directory (docs/export.md, "Hugging Face").
 int export_hf(const runtime::checkpoint_model& m, const fs::path& out) {
   std::error_code ec;
@@ -183,7 +158,7 @@ int export_hf(const runtime::checkpoint_model& m, const fs::path& out) {
   apps::write_safetensors((out / "model.safetensors").string(), tensors,
                           m.job_name());
   std::string why;
-  const auto tokenizer = tokenizer_of(m, why);
+  const auto tokenizer = m.recorded_tokenizer(why);
   const int bos = tokenizer.empty() ? -1 : 1, eos = tokenizer.empty() ? -1 : 2;
   write_bytes(out / "config.json",
               runtime::hf_config(g, bos, eos).dump(2) + "\n");

@@ -7,7 +7,6 @@
 #include "h2/apps/launcher.hpp"
 #include "h2/apps/session.hpp"
 #include "h2/core/error.hpp"
-#include "h2/corpus/shards.hpp"
 #include "h2/runtime/checkpoint_files.hpp"
 #include "h2/runtime/generate.hpp"
 
@@ -106,20 +105,10 @@ std::string h2_data(const std::string& verb, const fs::path& model,
 fs::path tokenizer_path(const options& o, const runtime::checkpoint_model& m) {
   if (!o.tokenizer.empty())
     return o.tokenizer;
-  if (m.tokenizer_hash().empty())
-    throw config_error("--tokenizer",
-                       "the checkpoint's job did not train on token shards: "
-                       "name a SentencePiece model");
-  const auto path =
-    fs::path(m.data().shards_dir) / corpus::shard_tokenizer_file;
-  std::ifstream in(path, std::ios::binary);
-  std::ostringstream bytes;
-  if (!in || !(bytes << in.rdbuf()) ||
-      corpus::sha256_of(bytes.str()) != m.tokenizer_hash())
-    throw config_error("--tokenizer", path.string() +
-                                        " is missing or not the tokenizer the "
-                                        "checkpoint recorded (" +
-                                        m.tokenizer_hash() + "): name it");
+  std::string why;
+  auto path = m.recorded_tokenizer(why);
+  if (path.empty())
+    throw config_error("--tokenizer", why + ": name a SentencePiece model");
   return path;
 }
 

@@ -83,6 +83,14 @@ std::string sha256_of(std::string_view bytes) {
   return out;
 }
 
+std::optional<std::string> file_sha256(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream bytes;
+  if (!in || !(bytes << in.rdbuf()))
+    return std::nullopt;
+  return sha256_of(bytes.str());
+}
+
 std::string to_json(const shard_manifest& m) {
   json shards = json::array();
   for (const auto& s : m.shards)
@@ -255,14 +263,12 @@ std::vector<shard_info> shard_writer::finish() {
 mapped_shards::mapped_shards(const fs::path& dir, const std::string& key)
     : dir_(dir), manifest_(read_shard_manifest(dir, key)) {
   const auto tokenizer_path = dir / manifest_.tokenizer_file;
-  std::ifstream tokenizer_in(tokenizer_path, std::ios::binary);
-  std::ostringstream tokenizer_bytes;
-  if (!tokenizer_in || !(tokenizer_bytes << tokenizer_in.rdbuf()))
+  const auto hash = file_sha256(tokenizer_path);
+  if (!hash)
     throw config_error(key,
                        tokenizer_path.string() + ": cannot read the tokenizer");
-  const auto hash = sha256_of(tokenizer_bytes.str());
-  if (hash != manifest_.tokenizer_hash)
-    throw config_error(key, tokenizer_path.string() + ": its hash " + hash +
+  if (*hash != manifest_.tokenizer_hash)
+    throw config_error(key, tokenizer_path.string() + ": its hash " + *hash +
                               " is not the manifest's " +
                               manifest_.tokenizer_hash +
                               " (the shards were made by another tokenizer)");

@@ -7,10 +7,11 @@
 #include "h2/core/random.hpp"
 #include "h2/corpus/shards.hpp"
 
-#include <set>
 #include <cstdio>
-#include <span>
 #include <fstream>
+#include <optional>
+#include <set>
+#include <span>
 #include <sstream>
 
 namespace h2::runtime {
@@ -34,37 +35,44 @@ std::string file_crc32c(const std::string& path) {
   return hex;
 }
 
+/// The shard manifest of a job on token shards (nullopt for other sources),
+/// read once for data_hashes and data_of.
+std::optional<corpus::shard_manifest> shards_of(const data_config& data) {
+  if (data.source != source_kind::shards)
+    return std::nullopt;
+  return corpus::read_shard_manifest(data.shards_dir, "data.shards");
+}
+
 std::vector<std::pair<std::string, std::string>>
-data_hashes(const data_config& data) {
+data_hashes(const data_config& data,
+            const std::optional<corpus::shard_manifest>& shards) {
   std::vector<std::pair<std::string, std::string>> out;
   for (const auto* path : {&data.train_path, &data.val_path})
     if (!path->empty())
       out.emplace_back(*path, "crc32c:" + file_crc32c(*path));
-  if (data.source == source_kind::shards) {
+  if (shards) {
     // The tokenizer first (a corpus re-made with another tokenizer is named
     // as such); the shard manifest lists every shard's CRC32C, so its own
     // CRC32C stands for the corpus.
-    const auto m = corpus::read_shard_manifest(data.shards_dir, "data.shards");
     const auto manifest =
       (std::filesystem::path(data.shards_dir) / corpus::shard_manifest_file)
         .string();
-    out.emplace_back(tokenizer_hash_key, m.tokenizer_hash);
+    out.emplace_back(tokenizer_hash_key, shards->tokenizer_hash);
     out.emplace_back(manifest, "crc32c:" + file_crc32c(manifest));
   }
   return out;
 }
 
 /// The data position's fixed part (at_step adds the step's).
-nlohmann::json data_of(const job_config& job) {
+nlohmann::json data_of(const job_config& job,
+                       const std::optional<corpus::shard_manifest>& shards) {
   nlohmann::json d = {
     {"source", job.data.source == source_kind::markov   ? "markov"
                : job.data.source == source_kind::tokens ? "tokens"
                                                         : "shards"},
     {"sequences_per_step", job.train.global_batch}};
-  if (job.data.source == source_kind::shards) {
-    const auto m =
-      corpus::read_shard_manifest(job.data.shards_dir, "data.shards");
-    const auto windows = corpus::window_count(m, job.model.seq_len);
+  if (shards) {
+    const auto windows = corpus::window_count(*shards, job.model.seq_len);
     d["train_windows"] =
       windows - corpus::validation_windows(windows, job.data.val_fraction);
   }
@@ -116,8 +124,9 @@ checkpoint_manifest job_manifest(const job_config& job, const plan& p,
                  {"eps", t.eps},
                  {"grad_clip", t.grad_clip}};
   m.seed = job.seed;
-  m.data_hashes = data_hashes(job.data);
-  m.data = data_of(job);
+  const auto shards = shards_of(job.data);
+  m.data_hashes = data_hashes(job.data, shards);
+  m.data = data_of(job, shards);
   m.plan_json = to_json(p, -1);
   m.job_toml = job_text;
   m.job_id = random_hex(16); // a resumed run keeps its checkpoint's
@@ -165,7 +174,7 @@ void check_resumable(const checkpoint_manifest& saved, const job_config& job,
   same("data.shards", before.data.shards_dir, job.data.shards_dir, dir);
   same("data.val_fraction", before.data.val_fraction, job.data.val_fraction,
        dir);
-  for (const auto& [path, hash] : data_hashes(job.data))
+  for (const auto& [path, hash] : data_hashes(job.data, shards_of(job.data)))
     for (const auto& [saved_path, saved_hash] : saved.data_hashes)
       if (saved_path == path)
         same(path == tokenizer_hash_key ? "data.shards (tokenizer)"

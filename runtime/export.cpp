@@ -3,6 +3,7 @@
 
 #include "h2/core/error.hpp"
 #include "h2/core/job.hpp"
+#include "h2/corpus/shards.hpp"
 #include "h2/devices/device_context.hpp"
 #include "h2/model/layers.hpp"
 #include "h2/runtime/checkpointing.hpp"
@@ -74,6 +75,27 @@ checkpoint_model::checkpoint_model(const checkpoint& c,
 }
 
 checkpoint_model::~checkpoint_model() = default;
+
+std::filesystem::path
+checkpoint_model::recorded_tokenizer(std::string& why) const {
+  if (tokenizer_.empty()) {
+    why = "the checkpoint's job did not train on token shards";
+    return {};
+  }
+  const auto path =
+    std::filesystem::path(data_.shards_dir) / corpus::shard_tokenizer_file;
+  const auto hash = corpus::file_sha256(path);
+  if (!hash) {
+    why = path.string() + " cannot be read";
+    return {};
+  }
+  if (*hash != tokenizer_) {
+    why = path.string() + " is not the tokenizer the checkpoint recorded (" +
+          tokenizer_ + ")";
+    return {};
+  }
+  return path;
+}
 
 std::vector<parameter_values> checkpoint_model::weights() const {
   std::vector<parameter_values> out;

@@ -1,5 +1,6 @@
 // Real text (docs/data.md): h2-data turns fortunes into shards and back,
-// h2-launch trains a llama on them, and every way shards cannot serve a job
+// h2-launch trains a llama on them, h2-generate continues a prompt from its
+// checkpoint, and every way shards cannot serve a job
 // (a damaged shard, a vocabulary larger than the model's, a window longer
 // than a shard) is one line naming the file or the key, exit 2, before any
 // step; h2-data's own bad input likewise.
@@ -18,6 +19,7 @@ namespace {
 namespace fs = std::filesystem;
 
 const std::string data_binary = H2_DATA;
+const std::string generate_binary = H2_GENERATE;
 
 /// Three fortune files: 80 KB of English.
 const std::vector<std::string> texts = {"/usr/share/games/fortunes/food",
@@ -105,13 +107,37 @@ TEST_F(apps_text, tokenize_inspect_encode_decode_and_train) {
   const auto ids = dir_.write("ids.txt", r.out);
   r = data({"decode", "--tokenizer", model}, ids);
   EXPECT_EQ(r.out, "Über  lunch\tat 12:30?\n");
-  // Two steps of a llama on them.
-  const auto job = dir_.write("job.toml", text_job(shards, 512, 32));
+  // Two steps of a llama on them, saved.
+  const auto ckpt = dir_.path() / "ckpt";
+  const auto job =
+    dir_.write("job.toml", text_job(shards, 512, 32) +
+                             "[checkpoint]\ndir = \"" + ckpt.string() + "\"\n");
   r = run_to_end(launch_binary, {job.string(), "--no-metrics"}, dir_,
                  run_timeout);
   EXPECT_TRUE(r.status.exited && r.status.code == 0)
     << r.status.describe() << "\n"
     << r.err;
+  // h2-generate: the prompt, then a continuation the seed fixes, through
+  // the job's own tokenizer.
+  const std::vector<std::string> gen{(ckpt / "step-00000002").string(),
+                                     "--prompt",
+                                     "Food is",
+                                     "--tokens",
+                                     "20",
+                                     "--seed",
+                                     "3"};
+  const auto a = run_to_end(generate_binary, gen, dir_, run_timeout);
+  ASSERT_TRUE(a.status.exited && a.status.code == 0) << a.err;
+  EXPECT_EQ(a.out.rfind("Food is", 0), 0u) << a.out;
+  EXPECT_GT(a.out.size(), std::string("Food is\n").size());
+  EXPECT_EQ(run_to_end(generate_binary, gen, dir_, run_timeout).out, a.out);
+  // Without the tokenizer the checkpoint recorded: one line, exit 2.
+  std::ofstream(shards / "tokenizer.model", std::ios::app) << "x";
+  const auto bad = run_to_end(generate_binary, gen, dir_, run_timeout);
+  EXPECT_TRUE(bad.status.exited && bad.status.code == 2) << bad.err;
+  EXPECT_NE(bad.err.find("is not the tokenizer the checkpoint recorded"),
+            std::string::npos)
+    << bad.err;
 }
 
 TEST_F(apps_text, shards_that_cannot_serve_the_job_are_refused) {

@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -57,6 +58,9 @@ std::uint64_t validation_windows(std::uint64_t windows,
 
 /// "sha256:<hex>" of `bytes`: a tokenizer's identity.
 std::string sha256_of(std::string_view bytes);
+
+/// sha256_of the bytes of the file `path`; nullopt when it cannot be read.
+std::optional<std::string> file_sha256(const std::filesystem::path& path);
 
 /// The manifest as JSON text (format "h2-shards", version 1).
 std::string to_json(const shard_manifest& m);

@@ -50,6 +50,10 @@ public:
   const data_config& data() const noexcept { return data_; }
   /// The tokenizer hash the checkpoint recorded ("" without shards).
   const std::string& tokenizer_hash() const noexcept { return tokenizer_; }
+  /// The tokenizer the job trained with: its shard directory's, when that
+  /// file still is the one the checkpoint recorded; else empty, and `why`
+  /// says why not.
+  std::filesystem::path recorded_tokenizer(std::string& why) const;
 
   /// The weights under H2's parameter names, global layer by layer and in
   /// each layer's order: the names, order and values h2-launch --export
