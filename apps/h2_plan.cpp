@@ -36,7 +36,7 @@ struct options {
   bool candidates = false;
   std::string schedule;
   std::vector<int> micro_batch;
-  bool no_recompute = false;
+  std::string recompute = "selective";
   int max_replicas = 0;
 };
 
@@ -64,8 +64,8 @@ void print_table(std::ostream& out, const scheduler::plan_report& r) {
         << (rep.micro_batch_size == 1 ? "" : "s") << "\n";
     char line[256];
     std::snprintf(line, sizeof line,
-                  "  %5s  %-6s %-26s %-11s %-4s %12s %12s %12s  %s\n", "stage",
-                  "chip", "device", "layers", "rc", "compute", "idle",
+                  "  %5s  %-6s %-26s %-11s %-20s %12s %12s %12s  %s\n", "stage",
+                  "chip", "device", "layers", "recompute", "compute", "idle",
                   "optimizer", "memory (peak / capacity)");
     out << line;
     for (std::size_t s = 0; s < rep.stages.size(); ++s) {
@@ -74,9 +74,9 @@ void print_table(std::ostream& out, const scheduler::plan_report& r) {
       std::snprintf(layers, sizeof layers, "[%d, %d)", st.first_layer,
                     st.end_layer);
       std::snprintf(line, sizeof line,
-                    "  %5zu  %-6s %-26s %-11s %-4s %12s %12s %12s  %s / %s\n",
+                    "  %5zu  %-6s %-26s %-11s %-20s %12s %12s %12s  %s / %s\n",
                     s, st.chip.to_string().c_str(), st.device.c_str(), layers,
-                    st.recompute ? "yes" : "no",
+                    to_string(st.recompute).c_str(),
                     seconds_text(st.compute_seconds).c_str(),
                     seconds_text(st.idle_seconds).c_str(),
                     seconds_text(st.optimizer_seconds).c_str(),
@@ -222,7 +222,12 @@ int run(const options& opt) {
     po.schedule = *k;
   }
   po.micro_batch_sizes = opt.micro_batch;
-  po.allow_recompute = !opt.no_recompute;
+  auto levels = scheduler::parse_recompute_levels(opt.recompute);
+  if (!levels)
+    throw config_error("", "--recompute: expected none, full or selective, "
+                           "got \"" +
+                             printable(opt.recompute) + "\"");
+  po.recompute = *levels;
   po.max_replicas = opt.max_replicas;
   po.rank_candidates = opt.candidates;
 
@@ -330,8 +335,10 @@ int main(int argc, char** argv) {
     .add_option("--micro-batch", opt.micro_batch,
                 "Allowed micro-batch sizes (default: every divisor)")
     ->check(CLI::Range(1, 1 << 30));
-  cli.add_flag("--no-recompute", opt.no_recompute,
-               "Never recompute activations");
+  cli.add_option("--recompute", opt.recompute,
+                 "What stages may recompute: none, full (whole stages "
+                 "only) or selective (also whole blocks and attention "
+                 "cores; default)");
   cli
     .add_option("--max-replicas", opt.max_replicas,
                 "Most data-parallel replicas (default: no limit)")

@@ -103,11 +103,12 @@ void reporter::on_setup(const plan& p,
       auto rep = report_of.find(st.chip);
       std::fprintf(
         out,
-        "h2:   stage %zu  chip %-5s %-22s %-4s layers [%2d, %2d)%s  "
+        "h2:   stage %zu  chip %-5s %-22s %-4s layers [%2d, %2d)%s%s  "
         "%s of %s\n",
         s, st.chip.to_string().c_str(), c->device.c_str(),
         std::string(to_string(c->compute_dtype)).c_str(), st.first_layer,
-        st.end_layer, st.recompute ? " recompute" : "",
+        st.end_layer, st.recompute.any() ? " recompute " : "",
+        st.recompute.any() ? to_string(st.recompute).c_str() : "",
         rep == report_of.end()
           ? "?"
           : human_bytes(static_cast<double>(rep->second->memory.used)).c_str(),

@@ -145,7 +145,7 @@ std::shared_ptr<job_config> identical_job(schedule_kind kind,
   job.plan.schedule = kind;
   job.plan.chunks_per_chip = chunks_per_chip;
   job.plan.recompute.assign(job.plan.stages.size() * job.plan.chunks_per_chip,
-                            false);
+                            recompute_policy::none());
   return without_extras(job);
 }
 

@@ -85,6 +85,19 @@ namespace detail {
 
 namespace {
 
+/// One entry of plan.recompute: a boolean (full or none) or a policy's text.
+recompute_policy recompute_entry(const toml::node& node,
+                                 const std::string& path) {
+  if (auto b = node.value_exact<bool>())
+    return *b ? recompute_policy::whole() : recompute_policy::none();
+  if (auto s = node.value_exact<std::string>())
+    if (auto p = parse_recompute(*s))
+      return *p;
+  throw config_error(path, "expected true, false or " +
+                             std::string(recompute_choices) + ", got " +
+                             std::string(toml_type_name(node)));
+}
+
 chip_spec read_chip(const toml::node& node, const std::string& path,
                     const job_config& job) {
   chip_spec c;
@@ -343,10 +356,10 @@ void read_plan(table_reader& root, job_config& job) {
                            " entries but the plan has " +
                            std::to_string(stages) + " stages");
     for (std::size_t i = 0; i < r->size(); ++i)
-      p.recompute.push_back(detail::toml_value<bool>(
+      p.recompute.push_back(recompute_entry(
         (*r)[i], t->path("recompute") + "[" + std::to_string(i) + "]"));
   } else {
-    p.recompute.assign(stages, false);
+    p.recompute.assign(stages, recompute_policy::none());
   }
   t->finish();
 }

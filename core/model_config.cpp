@@ -134,6 +134,19 @@ layer_work compute_layer_work(const gpt_config& cfg, int layer, int micro_batch,
   return w;
 }
 
+layer_work attention_core_work(const gpt_config& cfg, int micro_batch,
+                               dtype dt) {
+  const double b = micro_batch, t = cfg.seq_len, d = cfg.d_model,
+               h = cfg.n_head, e = dtype_bytes(dt);
+  layer_work w;
+  w.kind = layer_kind::block;
+  w.rows = b * t;
+  w.forward_flops = 4 * b * t * t * d; // q k^T and p v
+  // q, k, v read, the output written, the scores written and read.
+  w.forward_bytes = (4 * b * t * d + 2 * b * h * t * t) * e;
+  return w;
+}
+
 double weight_gradient_share(const layer_work& w) noexcept {
   return w.backward_flops > 0 ? w.weight_gradient_flops / w.backward_flops : 0;
 }

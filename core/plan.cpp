@@ -16,6 +16,18 @@ int plan::global_batch() const noexcept {
   return n;
 }
 
+namespace {
+
+/// false and true for none and full (what version 2 files held before
+/// selective recomputation), the policy's text otherwise.
+nlohmann::json recompute_json(const recompute_policy& r) {
+  if (!r.any() || r.full)
+    return r.full;
+  return to_string(r);
+}
+
+} // namespace
+
 std::string to_json(const plan& p, int indent) {
   nlohmann::json j;
   j["format"] = "h2-plan";
@@ -30,7 +42,7 @@ std::string to_json(const plan& p, int indent) {
     for (auto& s : r.stages)
       jr["stages"].push_back({{"chip", s.chip.to_string()},
                               {"layers", {s.first_layer, s.end_layer}},
-                              {"recompute", s.recompute}});
+                              {"recompute", recompute_json(s.recompute)}});
     j["replicas"].push_back(std::move(jr));
   }
   return j.dump(indent);
@@ -159,9 +171,18 @@ plan plan_from_json(const std::string& text, const std::string& origin) {
       s.first_layer = layers[0].get<int>();
       s.end_layer = layers[1].get<int>();
       if (js.contains("recompute")) {
-        if (!js["recompute"].is_boolean())
-          throw config_error(spath + ".recompute", "expected a boolean");
-        s.recompute = js["recompute"].get<bool>();
+        const json& rc = js["recompute"];
+        std::optional<recompute_policy> policy;
+        if (rc.is_boolean())
+          policy = rc.get<bool>() ? recompute_policy::whole()
+                                  : recompute_policy::none();
+        else if (rc.is_string())
+          policy = parse_recompute(rc.get<std::string>());
+        if (!policy)
+          throw config_error(spath + ".recompute",
+                             "expected true, false or " +
+                               std::string(recompute_choices));
+        s.recompute = *policy;
       }
       if (version == 1)
         for (const auto& before : r.stages)
@@ -245,6 +266,16 @@ std::vector<chip_link> plan_links(const plan& p, bool tied_embeddings) {
   return {links.begin(), links.end()};
 }
 
+namespace {
+
+/// Transformer blocks among layers [first, end) of a model of `layers`
+/// layers (the embedding is layer 0, the head the last).
+int block_count(int first, int end, int layers) {
+  return std::max(0, std::min(end, layers - 1) - std::max(first, 1));
+}
+
+} // namespace
+
 void validate_plan(const plan& p, const job_config& job,
                    const std::string& origin) {
   std::set<chip_id> used; // by earlier replicas
@@ -274,6 +305,12 @@ void validate_plan(const plan& p, const job_config& job,
                              std::to_string(s.first_layer) + ", " +
                              std::to_string(s.end_layer) + ")");
       next = s.end_layer;
+      const int blocks = block_count(s.first_layer, s.end_layer, layers);
+      if (!s.recompute.full && s.recompute.blocks > blocks)
+        throw config_error(spath + ".recompute",
+                           "recomputes " + std::to_string(s.recompute.blocks) +
+                             " blocks but the stage holds " +
+                             std::to_string(blocks));
     }
     for (const auto& c : replica_chips(r))
       used.insert(c);

@@ -70,6 +70,12 @@ std::unique_ptr<layer> make_family_layer(const gpt_config& cfg, int index,
   throw internal_error("unknown layer kind");
 }
 
+/// ops::attention, kept for the backward or, with `recompute`, recomputed
+/// in it (model/recompute.hpp): then only q, k and v are kept.
+at::Tensor attention_core(const at::Tensor& q, const at::Tensor& k,
+                          const at::Tensor& v, const at::Tensor& mask,
+                          bool recompute);
+
 /// llama.cpp's layers.
 std::unique_ptr<layer> make_llama_layer(const gpt_config& cfg, int index,
                                         std::uint64_t seed, c10::Device device);

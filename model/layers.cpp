@@ -2,6 +2,7 @@
 
 #include "h2/core/error.hpp"
 #include "h2/model/ops.hpp"
+#include "h2/model/recompute.hpp"
 #include "layer_parts.hpp"
 
 #include <ATen/CPUGeneratorImpl.h>
@@ -59,6 +60,18 @@ at::Tensor initializer::zeros(at::IntArrayRef shape) const {
 
 at::Tensor initializer::ones(at::IntArrayRef shape) const {
   return at::ones(shape, at::TensorOptions(at::kFloat).device(device_));
+}
+
+at::Tensor attention_core(const at::Tensor& q, const at::Tensor& k,
+                          const at::Tensor& v, const at::Tensor& mask,
+                          bool recompute) {
+  if (!recompute)
+    return ops::attention(q, k, v, mask);
+  return recomputed(
+    [mask](const std::vector<at::Tensor>& x) {
+      return ops::attention(x[0], x[1], x[2], mask);
+    },
+    {q, k, v});
 }
 
 at::Tensor& head_base::add_lm_head(const gpt_config& cfg, initializer& init,
@@ -148,8 +161,9 @@ private:
     auto qkv = ops::linear(x, qkv_w_, qkv_b_)
                  .view({b, t, 3, n_head_, hd})
                  .permute({2, 0, 3, 1, 4});
-    auto y = ops::attention(qkv.select(0, 0), qkv.select(0, 1),
-                            qkv.select(0, 2), causal_mask(t, x.device()));
+    auto y = detail::attention_core(
+      qkv.select(0, 0), qkv.select(0, 1), qkv.select(0, 2),
+      causal_mask(t, x.device()), attention_recompute());
     y = y.transpose(1, 2).reshape({b, t, d_model_});
     return ops::linear(y, proj_w_, proj_b_);
   }

@@ -84,7 +84,7 @@ private:
     auto k =
       ops::rope(split_heads(ops::linear(x, k_, {}), n_kv_head_), cos_, sin_);
     auto v = split_heads(ops::linear(x, v_, {}), n_kv_head_);
-    auto y = ops::attention(q, k, v, mask_);
+    auto y = attention_core(q, k, v, mask_, attention_recompute());
     y = y.transpose(1, 2).reshape({b, t, d_model_});
     return ops::linear(y, o_, {});
   }

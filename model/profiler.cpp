@@ -3,6 +3,7 @@
 #include "h2/core/error.hpp"
 #include "h2/devices/device_context.hpp"
 #include "h2/model/layers.hpp"
+#include "h2/model/ops.hpp"
 #include "h2/model/optim.hpp"
 
 #include <ATen/ATen.h>
@@ -72,8 +73,14 @@ layer_profile chip_profiler::layer(const chip_spec& chip, layer_kind kind,
   auto b = dev.layer_seconds(work, devices::pass::backward);
   auto bi = dev.layer_seconds(work, devices::pass::backward_input);
   auto bw = dev.layer_seconds(work, devices::pass::backward_weight);
-  if (f && b && bi && bw)
-    return {*f, *b, *bi, *bw};
+  if (f && b && bi && bw) {
+    layer_profile out{*f, *b, *bi, *bw, 0};
+    if (kind == layer_kind::block)
+      out.attention_seconds = *dev.layer_seconds(
+        attention_core_work(cfg, micro_batch_size, dev.compute_dtype()),
+        devices::pass::forward);
+    return out;
+  }
 
   // A real chip: time the layer itself, as the runtime runs it.
   devices::thread_binding bind(dev);
@@ -131,7 +138,36 @@ layer_profile chip_profiler::layer(const chip_spec& chip, layer_kind kind,
       bwt.push_back(tw);
     }
   }
-  return {median(fwd), median(bwd), median(bin), median(bwt)};
+  layer_profile out{median(fwd), median(bwd), median(bin), median(bwt), 0};
+  if (kind == layer_kind::block)
+    out.attention_seconds = attention_seconds(dev, micro_batch_size);
+  return out;
+}
+
+double chip_profiler::attention_seconds(devices::device_context& dev,
+                                        int micro_batch_size) {
+  const auto& cfg = job_->model;
+  devices::thread_binding bind(dev);
+  const std::int64_t n = micro_batch_size, t = cfg.seq_len, hd = cfg.head_dim();
+  auto heads = [&](std::int64_t h) {
+    return dev.to_device(at::randn({n, h, t, hd}, at::kFloat));
+  };
+  const auto q = heads(cfg.n_head), k = heads(cfg.kv_heads()),
+             v = heads(cfg.kv_heads());
+  const auto mask = ops::causal_mask(t, dev.torch_device());
+  std::vector<double> runs;
+  for (int run = 0; run <= repeats_; ++run) {
+    auto t0 = std::chrono::steady_clock::now();
+    {
+      at::NoGradGuard no_grad;
+      devices::compute_scope scope(dev);
+      ops::attention(q, k, v, mask);
+    }
+    dev.synchronize();
+    if (run > 0)
+      runs.push_back(seconds_since(t0));
+  }
+  return median(runs);
 }
 
 std::uint64_t chip_profiler::capacity_bytes(const chip_spec& chip) {

@@ -1,6 +1,7 @@
 #include "h2/model/stage.hpp"
 
 #include "h2/core/error.hpp"
+#include "h2/model/recompute.hpp"
 
 namespace h2::model {
 
@@ -17,9 +18,33 @@ stage::stage(const gpt_config& cfg, int first_layer, int end_layer,
 
 at::Tensor stage::forward(const at::Tensor& input, const micro_batch& mb) {
   at::Tensor x = input;
-  for (auto& l : layers_)
-    x = l->forward(x, mb);
+  int blocks = 0;
+  for (auto& l : layers_) {
+    const bool whole_block = l->kind() == layer_kind::block &&
+                             !recompute_.full && blocks++ < recompute_.blocks;
+    if (!whole_block) {
+      x = l->forward(x, mb);
+      continue;
+    }
+    // Blocks read only their input, so the recomputation needs no batch.
+    layer* block = l.get();
+    x = recomputed(
+      [block](const std::vector<at::Tensor>& in) {
+        return block->forward(in[0], micro_batch{});
+      },
+      {x});
+  }
   return x;
+}
+
+void stage::set_recompute(const recompute_policy& p) {
+  H2_ENFORCE(p.blocks >= 0, "recompute blocks=", p.blocks);
+  recompute_ = p;
+  int blocks = 0;
+  for (auto& l : layers_)
+    if (l->kind() == layer_kind::block)
+      l->set_attention_recompute(!p.full && p.attention &&
+                                 blocks++ >= p.blocks);
 }
 
 std::vector<parameter*> stage::parameters() {

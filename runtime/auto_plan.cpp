@@ -15,7 +15,7 @@ scheduler::layer_timing profiled_measurements::layer(const chip_spec& chip,
                                                      int micro_batch_size) {
   auto p = profiler_->layer(chip, kind, micro_batch_size);
   return {p.forward_seconds, p.backward_seconds, p.input_seconds,
-          p.weight_seconds};
+          p.weight_seconds, p.attention_seconds};
 }
 
 double profiled_measurements::optimizer(const chip_spec& chip,

@@ -52,7 +52,7 @@ std::string status_json(const job_config& job, const plan& running,
                 {"stage", positions[s]},
                 {"chunk", s},
                 {"layers", {st.first_layer, st.end_layer}},
-                {"recompute", st.recompute},
+                {"recompute", to_string(st.recompute)},
                 {"throttle",
                  throttle == status.throttles.end() ? 1.0 : throttle->second}};
       if (policy != nullptr && policy->calibration().steps() > 0) {

@@ -41,6 +41,7 @@ stage_worker::stage_worker(worker_setup setup) : setup_(std::move(setup)) {
     chunks_.push_back(std::make_unique<model::stage>(job.model, c.first_layer,
                                                      c.end_layer, job.seed,
                                                      device_->torch_device()));
+    chunks_.back()->set_recompute(c.recompute);
     needs_data = needs_data || chunks_.back()->has_embedding() ||
                  chunks_.back()->has_head();
     for (const auto& l : chunks_.back()->layers())
@@ -51,11 +52,15 @@ stage_worker::stage_worker(worker_setup setup) : setup_(std::move(setup)) {
   schedule_ = scheduler::make_schedule(setup_.schedule, setup_.layout,
                                        setup_.micro_batches, setup_.times);
   double forward_total = 0, backward_total = 0;
+  attention_work_ = attention_core_work(job.model, setup_.micro_batch_size,
+                                        device_->compute_dtype());
   for (const auto& c : setup_.chunks) {
     auto& work = work_.emplace_back();
     for (int l = c.first_layer; l < c.end_layer; ++l)
       work.push_back(compute_layer_work(job.model, l, setup_.micro_batch_size,
                                         device_->compute_dtype()));
+    // A layer's recomputed forward, as a share of the chunk's backward.
+    int blocks = 0;
     for (const auto& w : work) {
       auto f = device_->layer_seconds(w, devices::pass::forward);
       // What the schedule's backward of the layer is charged: fused, or B
@@ -66,8 +71,15 @@ stage_worker::stage_worker(worker_setup setup) : setup_(std::move(setup)) {
             *device_->layer_seconds(w, devices::pass::backward_weight);
       forward_share_.push_back(f ? *f : w.forward_flops);
       backward_share_.push_back(b ? *b : w.backward_flops);
-      if (c.recompute)
+      const recompute_policy& rc = c.recompute;
+      if (rc.full || (w.kind == layer_kind::block && blocks < rc.blocks))
         backward_share_.back() += forward_share_.back();
+      else if (w.kind == layer_kind::block && rc.attention) {
+        auto a =
+          device_->layer_seconds(attention_work_, devices::pass::forward);
+        backward_share_.back() += a ? *a : attention_work_.forward_flops;
+      }
+      blocks += w.kind == layer_kind::block ? 1 : 0;
       forward_total += forward_share_.back();
       backward_total += backward_share_.back();
     }
@@ -95,15 +107,24 @@ scheduler::schedule_times schedule_times_of(const job_config& job,
       chip->profile, chip->compute_dtype, job.emulation.time_scale,
       job.emulation.overhead_scale);
     double forward = 0, input = 0, weight = 0;
+    std::vector<layer_work> work;
     for (int l = st.first_layer; l < st.end_layer; ++l) {
-      const auto w = compute_layer_work(job.model, l, r.micro_batch_size,
-                                        chip->compute_dtype);
+      const auto& w = work.emplace_back(compute_layer_work(
+        job.model, l, r.micro_batch_size, chip->compute_dtype));
       forward += cost.layer_seconds(w, devices::pass::forward);
       input += cost.layer_seconds(w, devices::pass::backward_input);
       weight += cost.layer_seconds(w, devices::pass::backward_weight);
     }
     out.forward.push_back(forward);
-    out.input.push_back(st.recompute ? input + forward : input);
+    // B recomputes.
+    out.input.push_back(
+      input +
+      recomputed_forward(
+        st.recompute, work,
+        attention_core_work(job.model, r.micro_batch_size, chip->compute_dtype),
+        [&](const layer_work& w) {
+          return cost.layer_seconds(w, devices::pass::forward);
+        }));
     out.weight.push_back(weight);
   }
   return out;

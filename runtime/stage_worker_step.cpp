@@ -41,9 +41,15 @@ stage_worker::emulated_op_seconds() const {
     s.weight = layer_seconds(c, devices::pass::backward_weight);
     if (s.forward < 0 || s.backward < 0 || s.input < 0 || s.weight < 0)
       s = {-1, -1, -1, -1}; // a real device: every op is measured
-    else if (setup_.chunks[c].recompute) {
-      s.backward += s.forward;
-      s.input += s.forward; // B rebuilds the activations
+    else {
+      // B rebuilds the activations.
+      const double again = recomputed_forward(
+        setup_.chunks[c].recompute, work_[c], attention_work_,
+        [&](const layer_work& w) {
+          return *device_->layer_seconds(w, devices::pass::forward);
+        });
+      s.backward += again;
+      s.input += again;
     }
     out.push_back(s);
   }
@@ -82,13 +88,13 @@ void stage_worker::forward_op(const scheduler::op& x, const step_command& cmd,
   const std::size_t c = local_chunk(x.chunk);
   const std::size_t i = ctx.slot(c, x.micro_batch);
   model::stage& chunk = *chunks_[c];
-  const bool recompute = setup_.chunks[c].recompute;
+  const bool recompute = setup_.chunks[c].recompute.full;
   if (chunk_here(x.chunk - 1)) {
     // The previous chunk ran here: its output is this one's input, handed
     // over on the chip (schedule.hpp: no send, no receive).
     const std::size_t prev = ctx.slot(c - 1, x.micro_batch);
     ctx.input[i] = ctx.output[prev].detach().requires_grad_(true);
-    if (setup_.chunks[c - 1].recompute)
+    if (setup_.chunks[c - 1].recompute.full)
       ctx.output[prev] = at::Tensor(); // recomputed in its backward
   }
   if (chunk.has_embedding() || chunk.has_head())
@@ -136,7 +142,7 @@ void stage_worker::backward_op(const scheduler::op& x, bool split,
     timed_op(split ? "backward_input" : "backward", kind, x,
              charged(predicted_seconds, cmd.step, kind, x.micro_batch, x.chunk),
              ctx, [&] {
-               if (setup_.chunks[c].recompute) {
+               if (setup_.chunks[c].recompute.full) {
                  devices::compute_scope scope(*device_);
                  ctx.output[i] = chunk.forward(ctx.input[i], ctx.batch[i]);
                }
@@ -210,7 +216,7 @@ void stage_worker::run_op(const scheduler::op& x, const step_command& cmd,
       send(chip_of_chunk(x.chunk + 1),
            make_tag(tag_kind::activation, cmd.step, mb, x.chunk + 1),
            out.detach());
-      if (setup_.chunks[c].recompute)
+      if (setup_.chunks[c].recompute.full)
         out = at::Tensor(); // recomputed in the backward
       return;
     }

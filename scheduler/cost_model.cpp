@@ -71,6 +71,8 @@ layer_memory layer_memory_of(const gpt_config& cfg, layer_kind kind,
       break;
     case layer_kind::block: {
       m.static_bytes += mask_bytes(cfg);
+      // The softmax probabilities, in the compute dtype.
+      m.attention_bytes = tokens * (bf16 ? 2 : 4) * h * t;
       if (cfg.family == model_family::llama) {
         llama_block_memory(cfg, tokens, bf16, grad_temp, m);
         largest = std::max(dm * dm, dm * ff);
@@ -153,13 +155,35 @@ stage_layers stage_layers::of(const gpt_config& cfg, int first_layer,
   return s;
 }
 
-double stage_cost::peak_bytes(int in_flight) const noexcept {
-  return static_bytes + std::max(held_bytes * in_flight + working_bytes,
-                                 optimizer_working_bytes);
+double stage_cost::peak_bytes(int in_flight, bool reduced) const noexcept {
+  return static_bytes + std::max({held_bytes * in_flight + working_bytes,
+                                  optimizer_working_bytes,
+                                  reduced ? reduction_working_bytes : 0.0});
+}
+
+std::string_view to_string(recompute_levels l) noexcept {
+  switch (l) {
+    case recompute_levels::none:
+      return "none";
+    case recompute_levels::full:
+      return "full";
+    case recompute_levels::selective:
+      return "selective";
+  }
+  return "?";
+}
+
+std::optional<recompute_levels>
+parse_recompute_levels(std::string_view s) noexcept {
+  for (auto l : {recompute_levels::none, recompute_levels::full,
+                 recompute_levels::selective})
+    if (to_string(l) == s)
+      return l;
+  return std::nullopt;
 }
 
 stage_cost stage_coefficients::cost(const stage_layers& s,
-                                    bool recompute) const noexcept {
+                                    const recompute_policy& rc) const noexcept {
   stage_cost c;
   const double nb = s.blocks;
   // Forward and backward times are sums over the stage's layers, as the
@@ -192,18 +216,85 @@ stage_cost stage_coefficients::cost(const stage_layers& s,
     add(head, optimizer_head, memory_head);
   const double input_bytes = s.embedding ? 0.0 : boundary_bytes;
   const double batch = s.embedding || s.head ? batch_bytes : 0.0;
+  // What the recomputation runs again (B runs it), what it does not keep,
+  // and what it rebuilds at one backward on top of the working set.
+  double again = 0, dropped = 0, rebuilt = 0;
+  recompute_policy used = rc;
+  if (rc.full) {
+    used = recompute_policy::whole();
+    again = fwd;
+    dropped = act;
+    rebuilt = act;
+  } else {
+    used.blocks = std::min(rc.blocks, s.blocks);
+    const double whole = used.blocks, cores = rc.attention ? nb - whole : 0;
+    used.attention = rc.attention && cores > 0;
+    again = whole * block.forward_seconds + cores * block.attention_seconds;
+    // A block recomputed whole still keeps its output (the next layer's
+    // input).
+    dropped = whole * (memory_block.activation_bytes - boundary_bytes) +
+              cores * memory_block.attention_bytes;
+    rebuilt = (whole > 0 ? memory_block.activation_bytes : 0.0) +
+              (cores > 0 ? memory_block.attention_bytes : 0.0);
+  }
   c.forward_seconds = fwd;
-  c.backward_seconds = recompute ? bwd + fwd : bwd;
-  c.input_seconds = recompute ? input + fwd : input; // B recomputes
+  c.backward_seconds = bwd + again;
+  c.input_seconds = input + again;
   c.weight_seconds = weight;
   c.optimizer_seconds = opt;
   c.static_bytes = stat;
-  c.recompute = recompute;
-  c.held_bytes = input_bytes + batch + (recompute ? 0.0 : act);
-  c.working_bytes = recompute ? act + work : work;
+  c.recompute = used;
+  c.held_bytes = input_bytes + batch + act - dropped;
+  c.working_bytes = work + rebuilt;
   c.optimizer_working_bytes = opt_work;
   c.gradient_bytes = 4 * params;
+  // Buckets hold whole tensors: one larger than the limit is a bucket of
+  // its own (AdamW's working set is 16 bytes per element of the largest).
+  const double largest_tensor = 4 * opt_work / 16;
+  c.reduction_working_bytes =
+    2 * std::min(c.gradient_bytes, std::max(bucket_bytes, largest_tensor));
   return c;
+}
+
+std::optional<stage_cost> stage_coefficients::fitting(const stage_layers& s,
+                                                      int in_flight,
+                                                      double capacity,
+                                                      recompute_levels levels,
+                                                      bool reduced) const {
+  std::optional<stage_cost> best;
+  auto consider = [&](const recompute_policy& p) {
+    stage_cost c = cost(s, p);
+    if (c.peak_bytes(in_flight, reduced) <= capacity &&
+        (!best || c.backward_seconds < best->backward_seconds))
+      best = c;
+  };
+  consider(recompute_policy::none());
+  if (best || levels == recompute_levels::none)
+    return best;
+  if (levels == recompute_levels::selective && s.blocks > 0) {
+    // The fewest whole blocks that fit, alone or with the other blocks'
+    // attention cores: held bytes fall by the same amount per block.
+    for (bool attention : {false, true}) {
+      recompute_policy p{false, 0, attention};
+      const stage_cost base = cost(s, p);
+      const double per_block =
+        (memory_block.activation_bytes - boundary_bytes -
+         (attention ? memory_block.attention_bytes : 0.0)) *
+        in_flight;
+      // Recomputing any block adds one block's activations to the
+      // working set.
+      const double excess = base.peak_bytes(in_flight, reduced) - capacity +
+                            memory_block.activation_bytes;
+      int k = 0;
+      if (base.peak_bytes(in_flight, reduced) > capacity && per_block > 0)
+        k = std::max(1, static_cast<int>(std::ceil(excess / per_block)));
+      k = std::clamp(k, 0, s.blocks);
+      for (int tries = 0; tries < 2 && k <= s.blocks; ++tries, ++k)
+        consider({false, k, attention});
+    }
+  }
+  consider(recompute_policy::whole());
+  return best;
 }
 
 cost_model::cost_model(const job_config& job, chip_measurements& measurements)
@@ -243,12 +334,13 @@ const stage_coefficients& cost_model::coefficients(const chip_spec& chip,
   c.memory_head = layer_memory_of(cfg, layer_kind::head, micro_batch_size, d);
   c.boundary_bytes = scheduler::boundary_bytes(cfg, micro_batch_size);
   c.batch_bytes = scheduler::batch_bytes(cfg, micro_batch_size);
+  c.bucket_bytes = static_cast<double>(job_->transport.bucket_bytes);
   return coefficients_.emplace(key, c).first->second;
 }
 
 stage_cost cost_model::stage(const chip_spec& chip, int first_layer,
                              int end_layer, int micro_batch_size,
-                             bool recompute) {
+                             const recompute_policy& recompute) {
   return coefficients(chip, micro_batch_size)
     .cost(stage_layers::of(job_->model, first_layer, end_layer), recompute);
 }

@@ -41,8 +41,18 @@ layer_timing measurement_cache::layer(const chip_spec& chip, layer_kind kind,
                                                chip.compute_dtype));
     t.input_seconds = t.backward_seconds - t.weight_seconds;
   }
+  if (kind == layer_kind::block && t.attention_seconds == 0) {
+    const auto w =
+      compute_layer_work(*model_, 1, micro_batch_size, chip.compute_dtype);
+    t.attention_seconds =
+      t.forward_seconds *
+      attention_core_work(*model_, micro_batch_size, chip.compute_dtype)
+        .forward_flops /
+      w.forward_flops;
+  }
   check_seconds(t.input_seconds, chip, to_string(kind));
   check_seconds(t.weight_seconds, chip, to_string(kind));
+  check_seconds(t.attention_seconds, chip, to_string(kind));
   layers_.emplace(key, t);
   return t;
 }

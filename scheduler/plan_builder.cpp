@@ -39,8 +39,9 @@ plan make_plan(const job_config& job) {
     sp.chip = pc.stages[static_cast<std::size_t>(s) % chips]; // dealt
     sp.first_layer = next;
     sp.end_layer = next += counts[static_cast<std::size_t>(s)];
-    sp.recompute =
-      pc.recompute.empty() ? false : pc.recompute[static_cast<std::size_t>(s)];
+    sp.recompute = pc.recompute.empty()
+                     ? recompute_policy::none()
+                     : pc.recompute[static_cast<std::size_t>(s)];
     r.stages.push_back(sp);
   }
   p.replicas.push_back(std::move(r));
@@ -123,7 +124,8 @@ plan even_plan(const job_config& job, const std::vector<chip_id>& chips) {
   even.plan.mode = plan_mode::even;
   even.plan.stages = chips;
   even.plan.layers.clear();
-  even.plan.recompute.assign(chips.size() * even.plan.chunks_per_chip, false);
+  even.plan.recompute.assign(chips.size() * even.plan.chunks_per_chip,
+                             recompute_policy::none());
   return make_plan(even);
 }
 

@@ -128,7 +128,9 @@ planner::impl::simulator_input planner::impl::pipelines_of(const plan& p) {
       x.static_bytes = c.static_bytes;
       x.held_bytes = c.held_bytes;
       x.working_bytes = c.working_bytes;
-      x.optimizer_working_bytes = c.optimizer_working_bytes;
+      x.optimizer_working_bytes =
+        R > 1 ? std::max(c.optimizer_working_bytes, c.reduction_working_bytes)
+              : c.optimizer_working_bytes;
       x.capacity_bytes = costs.capacity_bytes(chip);
       // Between chunks of one chip nothing crosses a link.
       if (s > 0 && rep.stages[s - 1].chip != st.chip)
@@ -301,8 +303,9 @@ std::string plan_report::explain() const {
       << ") at " << format("%.1f%%", 100.0 * t.peak_bytes / t.capacity_bytes)
       << " of " << bytes_text(t.capacity_bytes) << " with " << t.in_flight
       << " micro-batch" << (t.in_flight == 1 ? "" : "es") << " in flight"
-      << (t.recompute ? " (recomputing)" : "") << "; headroom "
-      << format("%.1f%%", 100.0 * memory_headroom) << "\n";
+      << (t.recompute.any() ? " (recomputing " + to_string(t.recompute) + ")"
+                            : std::string())
+      << "; headroom " << format("%.1f%%", 100.0 * memory_headroom) << "\n";
   int stages = 0;
   for (const auto& r : replicas)
     stages = std::max(stages, static_cast<int>(r.stages.size()));
@@ -312,10 +315,13 @@ std::string plan_report::explain() const {
       << format("%.1f%%", 100.0 * scheduler::theoretical_bubble(
                                     schedule, stages, r0.micro_batches))
       << ")\n";
-  int recomputing = 0;
+  int recomputing = 0, full = 0, blocks = 0;
   for (const auto& r : replicas)
-    for (const auto& s : r.stages)
-      recomputing += s.recompute ? 1 : 0;
+    for (const auto& s : r.stages) {
+      recomputing += s.recompute.any() ? 1 : 0;
+      full += s.recompute.full ? 1 : 0;
+      blocks += !s.recompute.full && s.recompute.blocks > 0 ? 1 : 0;
+    }
   out << "shape: " << replicas.size() << " replica"
       << (replicas.size() == 1 ? "" : "s");
   if (!shape.empty())
@@ -325,7 +331,11 @@ std::string plan_report::explain() const {
   if (replicas.size() > 1)
     out << " in replica 0";
   out << ", " << recomputing << " stage" << (recomputing == 1 ? "" : "s")
-      << " recomputing; step " << seconds_text(step_seconds) << " = pipeline "
+      << " recomputing";
+  if (recomputing > 0)
+    out << " (" << full << " whole, " << blocks << " whole blocks, "
+        << recomputing - full - blocks << " attention only)";
+  out << "; step " << seconds_text(step_seconds) << " = pipeline "
       << seconds_text(pipeline_seconds);
   if (allreduce_seconds > 0)
     out << " (all-reduces of up to " << seconds_text(allreduce_seconds)
@@ -442,7 +452,8 @@ std::string diagnose(planner::impl& im) {
   const int mu = im.micro_batch_sizes(im.sequences()).empty()
                    ? 1
                    : im.micro_batch_sizes(im.sequences()).front();
-  const bool rc = im.options.allow_recompute;
+  const recompute_levels levels = im.options.recompute;
+  const bool rc = levels != recompute_levels::none;
   const int L = cfg.num_layers();
   const int p = std::min<int>(static_cast<int>(order.size()), L);
   const int m = im.sequences() / mu;
@@ -456,8 +467,8 @@ std::string diagnose(planner::impl& im) {
     int lo = s + 1 == p ? L : next + 1;
     int best = -1;
     for (int end = lo; end <= L; ++end) {
-      stage_cost c = im.costs.stage(chip, next, end, mu, rc);
-      if (c.peak_bytes(inflight) > cap)
+      if (!im.costs.coefficients(chip, mu).fitting(
+            stage_layers::of(cfg, next, end), inflight, cap, levels))
         break;
       best = end;
       if (s + 1 == p)
@@ -465,7 +476,8 @@ std::string diagnose(planner::impl& im) {
     }
     if (best < 0) {
       stage_cost c =
-        im.costs.stage(chip, next, s + 1 == p ? L : next + 1, mu, rc);
+        im.costs.stage(chip, next, s + 1 == p ? L : next + 1, mu,
+                       rc ? recompute_policy::whole() : recompute_policy{});
       out << "with every chip in one pipeline (most memory first), "
           << "micro-batches of " << mu << " sequence" << (mu == 1 ? "" : "s")
           << (rc ? " and recomputation" : "") << ", stage " << s << " on chip "
@@ -508,7 +520,7 @@ std::optional<double> check_change(const job_config& job,
 std::optional<suggested_change> find_change(planner::impl& im,
                                             chip_measurements& m) {
   const auto& opt = im.options;
-  if (!opt.allow_recompute) {
+  if (opt.recompute != recompute_levels::selective) {
     suggested_change c{suggested_change::kind::enable_recompute, "",
                        dtype::fp32, 0, 0};
     if (auto t = check_change(*im.job, opt, m, c)) {
@@ -623,7 +635,7 @@ void apply_change(const suggested_change& change, job_config& job,
                   planner_options& options) {
   switch (change.what) {
     case suggested_change::kind::enable_recompute:
-      options.allow_recompute = true;
+      options.recompute = recompute_levels::selective;
       return;
     case suggested_change::kind::halve_micro_batch:
       for (int& mu : options.micro_batch_sizes)

@@ -203,7 +203,8 @@ void live_calibration::add_compute(chip_state& cs, const chip_spec& spec,
   double pred_f[3] = {0, 0, 0}, pred_b[3] = {0, 0, 0};
   bool ok = true;
   std::size_t i = 0;
-  for (const auto* st : chunks)
+  for (const auto* st : chunks) {
+    int blocks = 0; // of the chunk so far
     for (int l = st->first_layer; l < st->end_layer; ++l, ++i) {
       const layer_kind k = kind_of_layer(cfg, l);
       const auto t = profiled().layer(spec, k, rep.micro_batch_size);
@@ -213,12 +214,21 @@ void live_calibration::add_compute(chip_state& cs, const chip_spec& spec,
       obs_b[kind_index(k)] += seen[i].backward_seconds;
       pred_f[kind_index(k)] += t.forward_seconds;
       // The runtime's backward of a recomputing stage runs the forward
-      // again (docs/planner.md, "Cost model"); a split backward is B + W.
+      // again, in whole or its attention cores (docs/planner.md, "Cost
+      // model"); a split backward is B + W.
+      const auto& rc = st->recompute;
+      const bool block = k == layer_kind::block;
+      const double again = rc.full || (block && blocks < rc.blocks)
+                             ? t.forward_seconds
+                           : block && rc.attention ? t.attention_seconds
+                                                   : 0.0;
+      blocks += block ? 1 : 0;
       pred_b[kind_index(k)] +=
         (splits_backward(schedule) ? t.input_seconds + t.weight_seconds
                                    : t.backward_seconds) +
-        (st->recompute ? t.forward_seconds : 0.0);
+        again;
     }
+  }
   if (!ok)
     return;
   double of = 0, ob = 0, pf = 0, pb = 0;
@@ -287,7 +297,10 @@ void live_calibration::add(const plan& current,
         static_bytes += c.static_bytes;
         held = std::max(held, c.held_bytes);
         working = std::max(working, c.working_bytes);
-        optimizer = std::max(optimizer, c.optimizer_working_bytes);
+        optimizer = std::max(optimizer, current.replicas.size() > 1
+                                          ? std::max(c.optimizer_working_bytes,
+                                                     c.reduction_working_bytes)
+                                          : c.optimizer_working_bytes);
       }
       const double predicted =
         static_bytes + std::max(held * in_flight + working, optimizer);

@@ -13,7 +13,9 @@
 // Recomputation is not searched: the simulated step time never decreases
 // when an op gets longer (the simulator takes maxima and sums), and
 // recomputation only lengthens a stage's backward while it only lowers its
-// memory, so a stage recomputes exactly when it does not fit otherwise.
+// memory, so a stage recomputes exactly when it does not fit otherwise, and
+// then the least that fits (stage_coefficients::fitting: of the policies
+// it tries, the one that adds the least time).
 #include "stage_two_impl.hpp"
 
 namespace h2::scheduler {

@@ -31,7 +31,9 @@ inline constexpr double inf = std::numeric_limits<double>::infinity();
 /// (optimizer and all-reduce: per step).
 struct stage_value {
   bool ok = false;        ///< the stage fits in its chips' memory
-  bool recompute = false; ///< only fits with recomputation
+  /// The cheapest recomputation with which it fits
+  /// (stage_coefficients::fitting).
+  recompute_policy recompute;
   double forward = 0, backward = 0, optimizer = 0, allreduce = 0;
   double input = 0, weight = 0; ///< B and W (split backward)
   double gradient_bytes = 0; ///< fp32 gradients of the stage
@@ -214,7 +216,8 @@ public:
   void enumerate(const std::function<void(const std::vector<int>&)>& f);
 
   /// The recomputation flag of every stage of an assignment.
-  std::vector<bool> recompute_of(const std::vector<int>& ends) const;
+  std::vector<recompute_policy>
+  recompute_of(const std::vector<int>& ends) const;
 
   /// The path bounds of this micro-batch size (after setup()).
   const path_bounds& bounds() const noexcept { return bounds_; }
@@ -237,6 +240,7 @@ private:
   int layers_; ///< pipeline layers: embedding, blocks, head
   int blocks_; ///< transformer blocks
   bool reduce_across_replicas_;
+  bool reduced_; ///< the candidate has replicas: gradients are all-reduced
   int micro_batch_size_ = 1, micro_batches_ = 1;
   // Per stage, at this micro-batch size.
   std::vector<const stage_coefficients*> coefficients_;

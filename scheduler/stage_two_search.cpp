@@ -16,7 +16,9 @@ group_search::group_search(planner::impl& impl, const replica_group& g,
       replicas_(static_cast<int>(g.replicas.size())),
       layers_(impl.layers()),
       blocks_(impl.job->model.n_layer),
-      reduce_across_replicas_(reduce_across_replicas && g.replicas.size() > 1) {
+      reduce_across_replicas_(reduce_across_replicas && g.replicas.size() > 1),
+      // Several groups (reduced across groups) mean several replicas.
+      reduced_(!reduce_across_replicas || g.replicas.size() > 1) {
   for (std::size_t r = 0; r < g.replicas.size(); ++r)
     for (int c : g.replicas[r])
       chips_[r].push_back(impl.chips[static_cast<std::size_t>(c)]);
@@ -79,14 +81,12 @@ void group_search::setup(int micro_batch_size, int sequences) {
 stage_value group_search::eval(int s, const stage_layers& layers) const {
   const auto i = static_cast<std::size_t>(s);
   stage_value v;
-  stage_cost c = coefficients_[i]->cost(layers, false);
-  if (c.peak_bytes(in_flight_[i]) > capacity_bytes_[i]) {
-    if (!planner_.options.allow_recompute)
-      return v;
-    c = coefficients_[i]->cost(layers, true);
-    if (c.peak_bytes(in_flight_[i]) > capacity_bytes_[i])
-      return v;
-  }
+  const auto fit =
+    coefficients_[i]->fitting(layers, in_flight_[i], capacity_bytes_[i],
+                              planner_.options.recompute, reduced_);
+  if (!fit)
+    return v;
+  const stage_cost& c = *fit;
   v.ok = true;
   v.recompute = c.recompute;
   v.forward = c.forward_seconds;
@@ -189,9 +189,9 @@ void group_search::enumerate_from(
   }
 }
 
-std::vector<bool>
+std::vector<recompute_policy>
 group_search::recompute_of(const std::vector<int>& ends) const {
-  std::vector<bool> out;
+  std::vector<recompute_policy> out;
   int first = 0;
   for (int s = 0; s < stages_; ++s) {
     out.push_back(eval(s, first, ends[static_cast<std::size_t>(s)]).recompute);

@@ -64,6 +64,8 @@ std::string case_name(const ::testing::TestParamInfo<exact_case>& info) {
       ch = '_'; // gtest names: letters, digits, underscores
   if (!info.param.recompute.empty())
     name += "_recompute";
+  if (info.param.recompute.find('"') != std::string::npos)
+    name += "_selective";
   if (info.param.model == small_llama_model_toml)
     name += "_llama";
   if (info.param.model == small_tied_llama_model_toml)
@@ -123,6 +125,14 @@ INSTANTIATE_TEST_SUITE_P(
     exact_case{3, "[1, 3, 2]", "zb-h1", ""},
     exact_case{4, "[2, 1, 1, 2]", "zb-h1", ""},
     exact_case{3, "[2, 1, 3]", "zb-h1", "[true, false, true]"},
+    // Selective recomputation: whole blocks and attention cores (B
+    // recomputes them, so zb-h1's B computes those blocks' weight
+    // gradients too).
+    exact_case{3, "[2, 1, 3]", "1f1b",
+               R"(["1 block + attention", "attention", "2 blocks"])"},
+    exact_case{3, "[2, 1, 3]", "zb-h1",
+               R"(["attention", "1 block", "1 block + attention"])",
+               small_llama_model_toml},
     exact_case{4, "[2, 1, 1, 2]", "zb-hetero", ""},
     // Chips of two chunks each, dealt: chip 0 holds
     // chunks 0 and 2, chip 1 chunks 1 and 3, ...

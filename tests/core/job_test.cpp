@@ -87,7 +87,7 @@ TEST(core_job_demo, fields) {
   EXPECT_EQ(job.plan.stages,
             (std::vector<chip_id>{{0, 0}, {0, 1}, {0, 2}, {0, 3}}));
   EXPECT_TRUE(job.plan.layers.empty());
-  EXPECT_EQ(job.plan.recompute, std::vector<bool>(4, false));
+  EXPECT_EQ(job.plan.recompute, std::vector<recompute_policy>(4));
   EXPECT_EQ(job.metrics.port, 9400);
   EXPECT_EQ(job.metrics.bind, "127.0.0.1");
   EXPECT_DOUBLE_EQ(job.transport.timeout_seconds, 60);
@@ -228,7 +228,7 @@ chips = ["cpu", "emulated:h100-sxm", "emulated:v100-sxm2-32gb"]
   EXPECT_EQ(job.plan.mode, plan_mode::even);
   EXPECT_EQ(job.plan.schedule, schedule_kind::one_f_one_b);
   EXPECT_EQ(job.plan.stages.size(), 3u);
-  EXPECT_EQ(job.plan.recompute, std::vector<bool>(3, false));
+  EXPECT_EQ(job.plan.recompute, std::vector<recompute_policy>(3));
   EXPECT_EQ(job.metrics.port, 0);
   EXPECT_EQ(job.metrics.bind, "127.0.0.1");
   EXPECT_EQ(job.transport.timeout_seconds, 60);
@@ -337,8 +337,8 @@ TEST(core_job, manual_plan_and_chip_tables) {
            "\"emulated:a100-sxm-40gb\"]\n[[nodes]]\nchips = [\"cpu\"]"},
           {"mode = \"even\"",
            "mode = \"manual\"\nschedule = \"gpipe\"\nstages = [\"1:0\", "
-           "\"0:1\", \"0:0\"]\nlayers = [1, 2, 1]\nrecompute = [false, true, "
-           "false]"}}),
+           "\"0:1\", \"0:0\"]\nlayers = [1, 2, 1]\nrecompute = [false, "
+           "\"1 block + attention\", true]"}}),
     "t");
   EXPECT_EQ(job.nodes.size(), 2u);
   EXPECT_EQ(job.nodes[1].rank, 1);
@@ -348,7 +348,10 @@ TEST(core_job, manual_plan_and_chip_tables) {
   EXPECT_EQ(job.plan.schedule, schedule_kind::gpipe);
   EXPECT_EQ(job.plan.stages, (std::vector<chip_id>{{1, 0}, {0, 1}, {0, 0}}));
   EXPECT_EQ(job.plan.layers, (std::vector<int>{1, 2, 1}));
-  EXPECT_EQ(job.plan.recompute, (std::vector<bool>{false, true, false}));
+  EXPECT_EQ(job.plan.recompute,
+            (std::vector<recompute_policy>{recompute_policy::none(),
+                                           {false, 1, true},
+                                           recompute_policy::whole()}));
 }
 
 TEST(core_job, emulation_section) {

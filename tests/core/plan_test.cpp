@@ -23,13 +23,14 @@ plan sample_plan() {
   replica_plan a;
   a.micro_batch_size = 2;
   a.micro_batches = 3;
-  a.stages = {{chip_id{0, 0}, 0, 2, false}, {chip_id{0, 1}, 2, 4, true}};
+  a.stages = {{chip_id{0, 0}, 0, 2, {}},
+              {chip_id{0, 1}, 2, 4, recompute_policy::whole()}};
   replica_plan b;
   b.micro_batch_size = 1;
   b.micro_batches = 2;
-  b.stages = {{chip_id{1, 0}, 0, 1, false},
-              {chip_id{1, 1}, 1, 3, false},
-              {chip_id{1, 2}, 3, 4, true}};
+  b.stages = {{chip_id{1, 0}, 0, 1, {}},
+              {chip_id{1, 1}, 1, 3, {}},
+              {chip_id{1, 2}, 3, 4, recompute_policy::whole()}};
   p.replicas = {a, b};
   return p;
 }
@@ -59,11 +60,37 @@ TEST(core_plan, json_form) {
   EXPECT_EQ(j["replicas"][0]["stages"][1]["recompute"], true);
 }
 
+TEST(core_plan, recompute_policies_have_one_text_form) {
+  for (const auto& [text, policy] :
+       std::vector<std::pair<std::string, recompute_policy>>{
+         {"none", {}},
+         {"full", recompute_policy::whole()},
+         {"attention", {false, 0, true}},
+         {"1 block", {false, 1, false}},
+         {"3 blocks + attention", {false, 3, true}}}) {
+    EXPECT_EQ(to_string(policy), text);
+    EXPECT_EQ(parse_recompute(text), policy) << text;
+  }
+  EXPECT_EQ(parse_recompute("2blocks+attention"),
+            (recompute_policy{false, 2, true}));
+  for (const char* bad : {"", "yes", "-1 blocks", "2", "2 layers",
+                          "attention + 2 blocks", "2 blocks + full"})
+    EXPECT_FALSE(parse_recompute(bad).has_value()) << bad;
+  // In a plan file: selective policies as text, none and full as booleans
+  // (what version 2 files held before).
+  plan p = sample_plan();
+  p.replicas[0].stages[1].recompute = {false, 1, true};
+  json j = json::parse(to_json(p));
+  EXPECT_EQ(j["replicas"][0]["stages"][1]["recompute"], "1 block + attention");
+  EXPECT_EQ(j["replicas"][0]["stages"][0]["recompute"], false);
+  EXPECT_EQ(plan_from_json(j.dump(), "p"), p);
+}
+
 TEST(core_plan, recompute_is_optional) {
   json j = json::parse(to_json(sample_plan()));
   j["replicas"][0]["stages"][1].erase("recompute");
   plan p = plan_from_json(j.dump(), "p");
-  EXPECT_FALSE(p.replicas[0].stages[1].recompute);
+  EXPECT_FALSE(p.replicas[0].stages[1].recompute.any());
 }
 
 /// The sample plan's JSON, changed by `mutate`, must be rejected at `path`.
@@ -171,7 +198,7 @@ TEST(core_plan, from_json_errors_name_the_json_path) {
     "p.json.replicas[0].stages[0].layers", {"[first, end]"});
   expect_rejected(
     [](json& j) { j["replicas"][0]["stages"][0]["recompute"] = "yes"; },
-    "p.json.replicas[0].stages[0].recompute", {"boolean"});
+    "p.json.replicas[0].stages[0].recompute", {"expected true, false or"});
   expect_rejected([](json& j) { j["replicas"][0]["stages"][0]["gpu"] = 0; },
                   "p.json.replicas[0].stages[0].gpu", {"unknown key"});
 }
@@ -216,6 +243,16 @@ TEST(core_plan, validate_accepts_a_matching_plan) {
   ASSERT_EQ(job().model.num_layers(), 4);
   ASSERT_EQ(p.global_batch(), job().train.global_batch);
   EXPECT_NO_THROW(validate_plan(p, job(), "plan"));
+}
+
+TEST(core_plan, validate_rejects_recomputing_more_blocks_than_held) {
+  plan p = sample_plan();
+  p.replicas[1].stages[1].recompute = {false, 2, false}; // [1, 3): 2 blocks
+  EXPECT_NO_THROW(validate_plan(p, job(), "plan"));
+  p.replicas[1].stages[2].recompute = {false, 1, false}; // [3, 4): the head
+  expect_config_error([&] { validate_plan(p, job(), "plan"); },
+                      "plan.replicas[1].stages[2].recompute",
+                      {"recomputes 1 blocks but the stage holds 0"});
 }
 
 TEST(core_plan, validate_rejects_a_gap_in_layers) {

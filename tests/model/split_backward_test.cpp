@@ -4,6 +4,7 @@
 #include "h2/model/stage.hpp"
 
 #include "h2/core/error.hpp"
+#include "stage_fixtures.hpp"
 #include "test_jobs.hpp"
 
 #include <ATen/ATen.h>
@@ -17,29 +18,11 @@
 namespace h2::model {
 namespace {
 
+using fixtures::batch;
+using fixtures::same_bits;
+
 gpt_config shape() {
   return test::gpt_shape(17, 8, 16, 2, 3, 32);
-}
-
-micro_batch batch(const gpt_config& c, int seed) {
-  micro_batch mb;
-  mb.tokens = at::empty({2, c.seq_len}, at::kLong);
-  mb.targets = at::empty({2, c.seq_len}, at::kLong);
-  for (int i = 0; i < 2 * c.seq_len; ++i) {
-    mb.tokens.data_ptr<std::int64_t>()[i] = (i * 7 + seed) % c.vocab_size;
-    mb.targets.data_ptr<std::int64_t>()[i] = (i * 5 + seed) % c.vocab_size;
-  }
-  mb.loss_scale = 0.25;
-  return mb;
-}
-
-bool same_bits(const at::Tensor& a, const at::Tensor& b) {
-  if (!a.defined() || !b.defined())
-    return a.defined() == b.defined();
-  auto x = a.contiguous(), y = b.contiguous();
-  return x.sizes() == y.sizes() &&
-         std::memcmp(x.data_ptr<float>(), y.data_ptr<float>(),
-                     static_cast<std::size_t>(x.numel()) * sizeof(float)) == 0;
 }
 
 /// One stage [first, end) run twice on two micro-batches: fused, then split

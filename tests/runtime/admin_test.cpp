@@ -224,7 +224,7 @@ TEST(runtime_admin, status_names_every_chip_and_the_policy) {
   EXPECT_EQ(j["chips"][1]["chip"], "0:1");
   EXPECT_EQ(j["chips"][1]["layers"], nlohmann::json::array({3, 6}));
   EXPECT_EQ(j["chips"][1]["throttle"], 2.0);
-  EXPECT_EQ(j["chips"][1]["recompute"], true);
+  EXPECT_EQ(j["chips"][1]["recompute"], "full");
   EXPECT_EQ(j["policy"]["mode"], "off");
 }
 

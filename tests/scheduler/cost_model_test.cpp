@@ -73,6 +73,55 @@ TEST(scheduler_cost_model, llama_activations_match_the_runtime) {
   EXPECT_NEAR(ends(dtype::bf16), 281864.0, 8.0);
 }
 
+/// The memory coefficients of small_gpt (or its llama twin) at micro-batches
+/// of 2 sequences in `d`.
+stage_coefficients memory_of(model_family family, dtype d) {
+  auto cfg = small_gpt();
+  cfg.family = family;
+  stage_coefficients c;
+  c.memory_embedding = layer_memory_of(cfg, layer_kind::embedding, 2, d);
+  c.memory_block = layer_memory_of(cfg, layer_kind::block, 2, d);
+  c.memory_head = layer_memory_of(cfg, layer_kind::head, 2, d);
+  c.boundary_bytes = boundary_bytes(cfg, 2);
+  c.batch_bytes = batch_bytes(cfg, 2);
+  return c;
+}
+
+// Selective recomputation against the runtime's accounting (h2-launch
+// --json-log, one chip holding the whole model, GPipe, micro-batches of 2
+// sequences; the peak's growth from 2 to 4 micro-batches in flight): what
+// each policy keeps per micro-batch, in bytes less than keeping everything.
+// A block recomputed whole keeps only its output; an attention core
+// recomputed drops its softmax probabilities.
+TEST(scheduler_cost_model, selective_recomputation_matches_the_runtime) {
+  struct measured {
+    model_family family;
+    dtype d;
+    double attention, one_block, three_blocks; ///< bytes saved per micro-batch
+  };
+  for (const auto& m :
+       {measured{model_family::gpt2, dtype::fp32, 393216, 1116160, 3348480},
+        measured{model_family::gpt2, dtype::bf16, 196608, 985088, 2955264},
+        measured{model_family::llama, dtype::fp32, 393216, 1901568, 5704704},
+        measured{model_family::llama, dtype::bf16, 196608, 1754112, 5262336}}) {
+    SCOPED_TRACE(testing::Message()
+                 << to_string(m.family) << " " << to_string(m.d));
+    const auto c = memory_of(m.family, m.d);
+    const auto all = stage_layers::of(small_gpt(), 0, 5);
+    const double kept = c.cost(all, {}).held_bytes;
+    EXPECT_DOUBLE_EQ(kept - c.cost(all, {false, 0, true}).held_bytes,
+                     m.attention);
+    EXPECT_DOUBLE_EQ(kept - c.cost(all, {false, 1, false}).held_bytes,
+                     m.one_block);
+    EXPECT_DOUBLE_EQ(kept - c.cost(all, {false, 3, false}).held_bytes,
+                     m.three_blocks);
+    // Blocks beyond the stage's are capped; with every block whole the
+    // attention flag has nothing left to recompute.
+    EXPECT_EQ(c.cost(all, {false, 7, true}).recompute,
+              (recompute_policy{false, 3, false}));
+  }
+}
+
 TEST(scheduler_cost_model, stage_costs_sum_layers_and_recomputation) {
   auto cfg = small_gpt();
   stage_coefficients c;
@@ -93,11 +142,11 @@ TEST(scheduler_cost_model, stage_costs_sum_layers_and_recomputation) {
   EXPECT_FALSE(l.embedding);
   EXPECT_TRUE(l.head);
   EXPECT_EQ(l.blocks, 3);
-  auto keep = c.cost(l, false);
+  auto keep = c.cost(l, recompute_policy::none());
   EXPECT_DOUBLE_EQ(keep.forward_seconds, 35);
   EXPECT_DOUBLE_EQ(keep.backward_seconds, 67);
   EXPECT_DOUBLE_EQ(keep.optimizer_seconds, 3.5);
-  auto rc = c.cost(l, true);
+  auto rc = c.cost(l, recompute_policy::whole());
   EXPECT_DOUBLE_EQ(rc.backward_seconds, 67 + 35);
   EXPECT_DOUBLE_EQ(rc.static_bytes, keep.static_bytes);
   // Recomputing keeps only the stage's input and the batch per micro-batch

@@ -37,7 +37,7 @@ TEST(scheduler_memory, no_plan_exceeds_a_chip) {
           const auto& st = r.value.replicas[q].stages[s];
           EXPECT_LE(sim.replicas[q][s].peak_bytes,
                     pl.costs().capacity_bytes(*in.job->find_chip(st.chip)));
-          recomputing += st.recompute ? 1 : 0;
+          recomputing += st.recompute.any() ? 1 : 0;
         }
       EXPECT_GE(r.report.memory_headroom, 0);
     } catch (const infeasible_error&) {
@@ -97,7 +97,7 @@ TEST(scheduler_memory, suggests_recomputation) {
     auto job = small_cluster(12, scale);
     synthetic_measurements m(*job, 1);
     planner_options with, without;
-    without.allow_recompute = false;
+    without.recompute = scheduler::recompute_levels::none;
     with.suggest_changes = without.suggest_changes = false;
     bool fits_without = true, fits_with = true;
     try {

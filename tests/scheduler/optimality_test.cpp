@@ -74,7 +74,7 @@ TEST(scheduler_optimality, stage_two_equals_brute_force_for_every_candidate) {
         ++feasible;
         for (const auto& rep : r.value.replicas)
           for (const auto& st : rep.stages)
-            recomputing += st.recompute ? 1 : 0;
+            recomputing += st.recompute.any() ? 1 : 0;
         // What stage 2 returns is a plan of the job with that step time.
         validate_plan(r.value, *in.job, "plan");
         auto sim = pl.simulate(r.value);
@@ -105,7 +105,9 @@ TEST(scheduler_optimality, minimal_recomputation_equals_every_subset) {
     SCOPED_TRACE(name_of(spec));
     auto in = random_instance(spec.seed, spec.chips, spec.kinds, spec.layers,
                               spec.global_batch, spec.schedule, 1.7);
-    planner pl(*in.job, *in.measurements);
+    scheduler::planner_options whole_stages; // the subsets below are of these
+    whole_stages.recompute = scheduler::recompute_levels::full;
+    planner pl(*in.job, *in.measurements, whole_stages);
     for (const auto& c : pl.stage_one()) {
       if (c.replicas() != 1)
         continue;
@@ -117,7 +119,7 @@ TEST(scheduler_optimality, minimal_recomputation_equals_every_subset) {
       EXPECT_LE(relative(r.step_seconds, all), 1e-9);
       if (r.feasible)
         for (const auto& s : r.value.replicas.front().stages)
-          recomputing += s.recompute ? 1 : 0;
+          recomputing += s.recompute.any() ? 1 : 0;
     }
   }
   EXPECT_GT(recomputing, 0) << "memory should bind somewhere";
@@ -163,7 +165,11 @@ TEST(scheduler_optimality, planner_equals_exhaustive_search) {
     for (double tightness : {3.0, 1.7, 1.25}) {
       auto in = random_instance(spec.seed, spec.chips, spec.kinds, spec.layers,
                                 spec.global_batch, spec.schedule, tightness);
-      planner pl(*in.job, *in.measurements);
+      // Single replicas are searched over every subset of whole-stage
+      // recomputation below.
+      scheduler::planner_options whole_stages;
+      whole_stages.recompute = scheduler::recompute_levels::full;
+      planner pl(*in.job, *in.measurements, whole_stages);
       // Exhaustive: every layout, every replica on its own (its own
       // partition, micro-batch size and share of the batch).
       double exhaustive = std::numeric_limits<double>::infinity();

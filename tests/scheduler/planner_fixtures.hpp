@@ -217,7 +217,7 @@ inline std::vector<int> divisors(int n) {
 struct brute_option {
   std::vector<int> ends;
   int micro_batch_size = 1;
-  std::vector<bool> recompute;
+  std::vector<recompute_policy> recompute;
 };
 
 /// The brute-force minimum over a stage-1 candidate: every split of the
@@ -244,26 +244,32 @@ inline double brute_force(scheduler::planner& pl,
       for (int mu : divisors(seqs)) {
         if (all_recompute) {
           for (int mask = 0; mask < (1 << p); ++mask) {
-            std::vector<bool> rc;
+            std::vector<recompute_policy> rc;
             for (int s = 0; s < p; ++s)
-              rc.push_back((mask >> s) & 1);
+              rc.push_back(((mask >> s) & 1) != 0 ? recompute_policy::whole()
+                                                  : recompute_policy::none());
             out.push_back({ends, mu, rc});
           }
         } else {
-          std::vector<bool> rc;
+          // Per stage the least recomputation that fits every replica's
+          // chip (the replicas of a group are alike), none when nothing
+          // fits (the simulation then fails).
+          std::vector<recompute_policy> rc;
           int first = 0;
           for (int s = 0; s < p; ++s) {
             int end = ends[static_cast<std::size_t>(s)];
+            std::optional<scheduler::stage_cost> fit;
             bool fits = true;
             for (const auto& rep : grp.replicas) {
               const chip_spec& chip = *chips[static_cast<std::size_t>(
                 rep[static_cast<std::size_t>(s)])];
-              auto cost = pl.costs().stage(chip, first, end, mu, false);
-              fits = fits && cost.peak_bytes(scheduler::in_flight_bound(
-                               pl.schedule(), p, s, seqs / mu)) <=
-                               pl.costs().capacity_bytes(chip);
+              fit = pl.costs().coefficients(chip, mu).fitting(
+                scheduler::stage_layers::of(job.model, first, end),
+                scheduler::in_flight_bound(pl.schedule(), p, s, seqs / mu),
+                pl.costs().capacity_bytes(chip), pl.options().recompute);
+              fits = fits && fit.has_value();
             }
-            rc.push_back(!fits);
+            rc.push_back(fits ? fit->recompute : recompute_policy::whole());
             first = end;
           }
           out.push_back({ends, mu, rc});

@@ -256,7 +256,7 @@ TEST(scheduler_planner, deal_chunks_keeps_each_chips_layers) {
   auto four = scheduler::deal_chunks(p, 4);
   ASSERT_TRUE(four.has_value());
   EXPECT_EQ(four->replicas[0].stages.size(), 8u);
-  EXPECT_EQ(four->replicas[0].stages[1], (stage_plan{chip_id{0, 1}, 1, 2}));
+  EXPECT_EQ(four->replicas[0].stages[1], (stage_plan{chip_id{0, 1}, 1, 2, {}}));
   EXPECT_FALSE(scheduler::deal_chunks(p, 5).has_value()); // 8 layers < 10
 }
 

@@ -121,7 +121,8 @@ public:
           for (int mb = 0; mb < rep.micro_batches; ++mb) {
             mean.forward_seconds += t.forward_seconds * slow * jitter();
             mean.backward_seconds +=
-              (t.backward_seconds + (st.recompute ? t.forward_seconds : 0)) *
+              (t.backward_seconds +
+               (st.recompute.full ? t.forward_seconds : 0)) *
               slow * jitter();
           }
           mean.forward_seconds /= rep.micro_batches;

@@ -6,6 +6,7 @@
 #include "h2/core/chip_id.hpp"
 #include "h2/core/model_config.hpp"
 #include "h2/core/profile.hpp"
+#include "h2/core/recompute.hpp"
 #include "h2/core/topology.hpp"
 
 #include <cstdint>
@@ -171,7 +172,7 @@ struct plan_config {
   /// Layers per stage (manual), summing to model.num_layers().
   std::vector<int> layers;
   /// Activation recomputation per stage (default: none).
-  std::vector<bool> recompute;
+  std::vector<recompute_policy> recompute;
   /// Chunks (stages) each chip of `stages` holds, dealt round by round:
   /// stage i of the plan is on chip i mod stages.size() (Megatron's
   /// interleaved layout). `layers` and `recompute` then list every chunk,

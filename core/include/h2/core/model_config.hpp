@@ -94,6 +94,11 @@ struct layer_work {
 layer_work compute_layer_work(const gpt_config& cfg, int layer, int micro_batch,
                               dtype d);
 
+/// The attention core of a block (softmax(q k^T) v over a micro-batch of
+/// `micro_batch` sequences): its forward FLOPs and bytes, what recomputing
+/// it adds to the block's backward (recompute_policy::attention).
+layer_work attention_core_work(const gpt_config& cfg, int micro_batch, dtype d);
+
 /// The share of `w`'s backward that computes weight gradients (W of a
 /// split backward): weight_gradient_flops / backward_flops, 0 without
 /// backward FLOPs.

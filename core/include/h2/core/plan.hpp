@@ -5,6 +5,7 @@
 
 #include "h2/core/chip_id.hpp"
 #include "h2/core/job.hpp"
+#include "h2/core/recompute.hpp"
 
 #include <string>
 #include <vector>
@@ -18,7 +19,7 @@ struct stage_plan {
   chip_id chip;
   int first_layer = 0; ///< inclusive
   int end_layer = 0;   ///< exclusive
-  bool recompute = false;
+  recompute_policy recompute;
 
   int num_layers() const noexcept { return end_layer - first_layer; }
   bool operator==(const stage_plan&) const = default;
@@ -96,7 +97,9 @@ std::vector<chip_link> plan_links(const plan& p, bool tied_embeddings = false);
 /// "replicas": [{"micro_batch_size": 4, "micro_batches": 8, "stages":
 /// [{"chip": "0:0", "layers": [0, 3], "recompute": false}, ...]}]}.
 /// "layers" is the half-open range [first, end) of global layers; a chip
-/// may appear in several stages of its replica (version 2).
+/// may appear in several stages of its replica (version 2). "recompute" is
+/// false (none), true (full) or another policy's text ("attention",
+/// "2 blocks + attention": core/recompute.hpp).
 std::string to_json(const plan& p, int indent = 2);
 
 /// Parses the JSON form, versions 1 and 2; throws config_error naming the

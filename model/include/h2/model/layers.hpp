@@ -61,6 +61,11 @@ public:
   /// Number of scalar parameters.
   std::int64_t parameter_count() const;
 
+  /// Blocks: whether the attention core is recomputed in the backward
+  /// rather than kept (recompute_policy::attention); others ignore it.
+  void set_attention_recompute(bool on) noexcept { attention_recompute_ = on; }
+  bool attention_recompute() const noexcept { return attention_recompute_; }
+
 protected:
   layer(int index, layer_kind kind) : index_(index), kind_(kind) {}
 
@@ -70,6 +75,7 @@ protected:
 private:
   int index_;
   layer_kind kind_;
+  bool attention_recompute_ = false;
   std::vector<parameter> params_;
 };
 

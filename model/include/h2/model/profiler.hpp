@@ -28,6 +28,9 @@ struct layer_profile {
   double backward_seconds = 0; ///< fused
   double input_seconds = 0;    ///< B of a split backward
   double weight_seconds = 0;   ///< W of a split backward
+  /// Blocks: the forward of the attention core alone (what attention
+  /// recomputation adds to the backward); 0 for other kinds.
+  double attention_seconds = 0;
 };
 
 /// Measures layers of one job's model on chips of that job. Device
@@ -58,6 +61,8 @@ public:
 
 private:
   devices::device_context& device(const chip_spec& chip);
+  /// The attention core's forward on a real chip, timed.
+  double attention_seconds(devices::device_context& dev, int micro_batch_size);
 
   const job_config* job_;
   int repeats_;

@@ -1,6 +1,7 @@
 // A pipeline stage: a contiguous range of global layers on one chip.
 #pragma once
 
+#include "h2/core/recompute.hpp"
 #include "h2/model/layers.hpp"
 
 #include <memory>
@@ -18,6 +19,14 @@ public:
   /// Runs every layer of the stage. The first stage ignores `input` and
   /// embeds mb.tokens; the last returns the scaled loss (a scalar).
   at::Tensor forward(const at::Tensor& input, const micro_batch& mb);
+
+  /// What forward() leaves to be recomputed in the backward: the first
+  /// `p.blocks` blocks (each from its input) and the other blocks'
+  /// attention cores. `p.full` is the caller's to run (a forward without
+  /// grad mode, again with it before the backward); forward() then keeps
+  /// everything it runs.
+  void set_recompute(const recompute_policy& p);
+  const recompute_policy& recompute() const noexcept { return recompute_; }
 
   int first_layer() const noexcept { return first_; }
   int end_layer() const noexcept { return end_; }
@@ -45,6 +54,7 @@ private:
   int first_, end_;
   c10::Device device_;
   std::vector<std::unique_ptr<layer>> layers_;
+  recompute_policy recompute_;
 };
 
 } // namespace h2::model

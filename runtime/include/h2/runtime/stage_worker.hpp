@@ -251,6 +251,8 @@ private:
   scheduler::schedule schedule_;
   /// Of each layer of each chunk, for one micro-batch.
   std::vector<std::vector<layer_work>> work_;
+  /// A block's attention core (what attention recomputation adds).
+  layer_work attention_work_;
   std::chrono::duration<double> timeout_;
   double loss_scale_ = 1; ///< 1 / tokens of the global batch
   double throttle_ = 1;

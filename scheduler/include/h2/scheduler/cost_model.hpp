@@ -10,9 +10,23 @@
 #include "h2/scheduler/measurements.hpp"
 
 #include <cstdint>
+#include <optional>
+#include <string_view>
 #include <vector>
 
 namespace h2::scheduler {
+
+/// What the planner may recompute (planner_options::recompute).
+enum class recompute_levels {
+  none,      ///< nothing
+  full,      ///< whole stages only (the stage flag of old)
+  selective, ///< whole stages, whole blocks, attention cores
+};
+
+/// "none", "full", "selective".
+std::string_view to_string(recompute_levels l) noexcept;
+std::optional<recompute_levels>
+parse_recompute_levels(std::string_view s) noexcept;
 
 /// Bytes one layer needs on a chip, as the runtime holds them: fp32 master
 /// weights with fp32 gradients and two fp32 AdamW moments; activations in
@@ -34,6 +48,10 @@ struct layer_memory {
   /// Temporaries of the layer's AdamW update (a few copies of its largest
   /// tensor).
   double optimizer_working_bytes = 0;
+  /// Blocks: of activation_bytes, what the attention core keeps beyond its
+  /// inputs q, k and v (the softmax probabilities): what attention
+  /// recomputation saves per micro-batch, and rebuilds in the backward.
+  double attention_bytes = 0;
 };
 
 /// The memory of one layer of kind `kind` for micro-batches of
@@ -83,13 +101,18 @@ struct stage_cost {
   /// one micro-batch's activations rebuilt for its backward).
   double working_bytes = 0;
   double optimizer_working_bytes = 0;
+  /// What the all-reduce of the stage's gradients holds while it runs
+  /// (with replicas): its largest bucket flattened and the ring's chunks,
+  /// at most twice that bucket.
+  double reduction_working_bytes = 0;
   /// fp32 gradients of the stage (what an all-reduce moves).
   double gradient_bytes = 0;
-  bool recompute = false;
+  recompute_policy recompute;
 
   /// Peak bytes with `in_flight` micro-batches held: static + max(held x
-  /// in_flight + working, optimizer working).
-  double peak_bytes(int in_flight) const noexcept;
+  /// in_flight + working, optimizer working, and with `reduced` (the plan
+  /// has replicas) reduction working).
+  double peak_bytes(int in_flight, bool reduced = false) const noexcept;
 };
 
 /// Per-kind figures of one chip at one micro-batch size: everything
@@ -100,9 +123,24 @@ struct stage_coefficients {
   layer_memory memory_embedding, memory_block, memory_head;
   double boundary_bytes = 0; ///< a stage input held per micro-batch
   double batch_bytes = 0;
+  /// transport.bucket_bytes: the all-reduce's bucket limit.
+  double bucket_bytes = 0;
 
-  /// The stage holding `layers`, with or without recomputation.
-  stage_cost cost(const stage_layers& layers, bool recompute) const noexcept;
+  /// The stage holding `layers`, recomputing what `recompute` says (its
+  /// blocks count is capped at the stage's blocks).
+  stage_cost cost(const stage_layers& layers,
+                  const recompute_policy& recompute) const noexcept;
+
+  /// The stage holding `layers` with the recomputation that adds the least
+  /// time among those with which it fits `capacity_bytes` holding
+  /// `in_flight` micro-batches: none, the attention cores, the fewest whole
+  /// blocks (with or without the other attention cores), the whole stage.
+  /// nullopt when nothing `levels` allows fits. `reduced`: the plan has
+  /// replicas (stage_cost::peak_bytes).
+  std::optional<stage_cost> fitting(const stage_layers& layers, int in_flight,
+                                    double capacity_bytes,
+                                    recompute_levels levels,
+                                    bool reduced = false) const;
 };
 
 /// The cost model of one job: its chips, their measurements (memoised), the
@@ -127,7 +165,7 @@ public:
 
   /// The stage [first_layer, end_layer) on `chip`.
   stage_cost stage(const chip_spec& chip, int first_layer, int end_layer,
-                   int micro_batch_size, bool recompute);
+                   int micro_batch_size, const recompute_policy& recompute);
 
   /// The link of a transfer from `from` to `to` (core/topology.hpp).
   link_figures link(const chip_spec& from, const chip_spec& to) const {

@@ -25,6 +25,10 @@ struct layer_timing {
   /// gets the backward split by weight_gradient_share().
   double input_seconds = 0;
   double weight_seconds = 0;
+  /// Blocks: the forward of the attention core alone (what attention
+  /// recomputation adds to the backward). A source that leaves it 0 gets
+  /// the forward's share by FLOPs (attention_core_work()).
+  double attention_seconds = 0;
 };
 
 /// The source of the planner's timings. Implementations measure (on real or

@@ -44,8 +44,8 @@ struct planner_options {
   /// Allowed micro-batch sizes (sequences); empty: every divisor of a
   /// replica's sequences.
   std::vector<int> micro_batch_sizes;
-  /// Whether stages may recompute activations in the backward.
-  bool allow_recompute = true;
+  /// What stages may recompute in the backward (cost_model.hpp).
+  recompute_levels recompute = recompute_levels::selective;
   /// Most replicas (0: no limit; 1: pipeline parallelism only).
   int max_replicas = 0;
   /// The chips to plan for; empty: plan.stages of an auto job, every chip
@@ -83,7 +83,7 @@ struct stage_prediction {
   std::string device;
   int first_layer = 0;
   int end_layer = 0;
-  bool recompute = false;
+  recompute_policy recompute;
   double forward_seconds = 0;  ///< one micro-batch
   double backward_seconds = 0; ///< one micro-batch, recomputation included
   double compute_seconds = 0;  ///< forward + backward time of the step

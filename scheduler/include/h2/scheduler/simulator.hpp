@@ -46,6 +46,8 @@ struct simulated_stage {
   double static_bytes = 0;
   double held_bytes = 0; ///< per chunk activation in flight
   double working_bytes = 0;
+  /// After the pipeline: the optimizer's and, with replicas, the
+  /// all-reduce's (stage_cost::peak_bytes), the larger.
   double optimizer_working_bytes = 0;
   /// The chip's capacity (the smallest over its chunks counts).
   double capacity_bytes = std::numeric_limits<double>::infinity();
