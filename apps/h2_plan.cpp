@@ -126,8 +126,39 @@ void write_trace(const std::string& path, const job_config& job, const plan& p,
   trace.write(path);
 }
 
-/// --compare: the even plan, each homogeneous sub-cluster planned alone,
-/// and the super-linear ratio.
+/// The super-linear ratio (docs/planner.md, "The super-linear ratio"), and
+/// without the kinds that cannot train alone when some cannot.
+void print_ratio(std::ostream& out, const scheduler::plan_report& best,
+                 const scheduler::comparison& c) {
+  if (c.homogeneous.size() < 2) {
+    out << "super-linear ratio: n/a (one chip kind)\n";
+    return;
+  }
+  if (c.super_linear_ratio <= 0) {
+    out << "super-linear ratio: n/a (no kind can train the model alone)\n";
+    return;
+  }
+  out << "super-linear ratio: auto / sum of homogeneous sub-clusters = "
+      << fmt("%.0f", best.tokens_per_second) << " / "
+      << fmt("%.0f", c.homogeneous_tokens_per_second) << " = "
+      << fmt("%.4f", c.super_linear_ratio);
+  if (!c.trainable) {
+    out << " (every kind trains alone)\n";
+    return;
+  }
+  out << " (kinds that cannot train alone count 0)\n";
+  if (c.trainable->feasible)
+    out << "  over the kinds that train alone: "
+        << fmt("%.0f", c.trainable->tokens_per_second) << " / "
+        << fmt("%.0f", c.homogeneous_tokens_per_second) << " = "
+        << fmt("%.4f", c.trainable_ratio) << "\n";
+  else
+    out << "  over the kinds that train alone: n/a (their chips together: "
+        << c.trainable->why_not << ")\n";
+}
+
+/// --compare: the even plan, each homogeneous sub-cluster planned alone
+/// with its plan and what binds it, and the super-linear ratio.
 void compare(std::ostream& out, const job_config& job,
              const scheduler::planner_options& opt,
              scheduler::chip_measurements& m,
@@ -149,28 +180,25 @@ void compare(std::ostream& out, const job_config& job,
     row(c.even.name, c.even.step_seconds, c.even.tokens_per_second);
   else
     out << "  " << c.even.name << ": not possible (" << c.even.why_not << ")\n";
-  bool all = true;
   for (const auto& h : c.homogeneous) {
     std::string name = "homogeneous " + h.name + " (" +
                        std::to_string(h.chips) + " chip" +
                        (h.chips == 1 ? "" : "s") + ", batch " +
                        std::to_string(h.global_batch) + ")";
-    if (h.feasible)
+    if (h.feasible) {
       row(name, h.step_seconds, h.tokens_per_second);
-    else
-      out << "  " << name << ": " << h.why_not << "\n";
-    all = all && h.feasible;
+      out << "      plan: " << h.shape << "\n      binds: " << h.binding
+          << "\n";
+    } else {
+      out << "  " << name << ": cannot train alone: " << h.why_not
+          << "\n      lever: " << h.lever << "\n";
+    }
   }
-  if (c.homogeneous.size() < 2)
-    out << "super-linear ratio: n/a (one chip kind)\n";
-  else if (c.super_linear_ratio > 0)
-    out << "super-linear ratio: auto / sum of homogeneous sub-clusters = "
-        << fmt("%.0f", best.tokens_per_second) << " / "
-        << fmt("%.0f", c.homogeneous_tokens_per_second) << " = "
-        << fmt("%.4f", c.super_linear_ratio)
-        << (all ? "" : " (sub-clusters that do not fit count 0)") << "\n";
-  else
-    out << "super-linear ratio: n/a (no sub-cluster fits the model)\n";
+  if (c.trainable && c.trainable->feasible)
+    row("mixed, the kinds that train alone (" +
+          std::to_string(c.trainable->chips) + " chips)",
+        c.trainable->step_seconds, c.trainable->tokens_per_second);
+  print_ratio(out, best, c);
 }
 
 /// --compare: every schedule's own best plan.

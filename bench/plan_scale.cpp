@@ -1,9 +1,11 @@
-// HeteroAuto's planning time at scale: the 1,024-chip / 99B-parameter
-// example (examples/cluster-1024.toml), and the same cluster cut to 256 and
-// 64 chips (every fourth / sixteenth node, the batch in proportion). The
-// chips are profiled as h2-plan profiles them (emulated: their own charged
-// times). Baseline: the 5 s target of issue 4 (ratio < 1 meets it); the
-// predicted step time and throughput are recorded beside it.
+// HeteroAuto's planning time at scale, 64 to 10,240 chips: the 1,024-chip /
+// 99B-parameter example (examples/cluster-1024.toml) cut to 64 and 256
+// chips (every sixteenth / fourth node, the batch in proportion) and whole,
+// and the 10,240-chip example of eight kinds (examples/cluster-10k.toml)
+// cut to 2,048 and 5,120 chips and whole. The chips are profiled as h2-plan
+// profiles them (emulated: their own charged times). Baseline: the 5 s
+// target (ratio < 1 meets it); the predicted step time and throughput are
+// recorded beside it.
 #include "bench_common.hpp"
 
 #include "h2/runtime/auto_plan.hpp"
@@ -13,17 +15,23 @@
 
 #include <chrono>
 #include <cstdio>
+#include <utility>
 
 using namespace h2;
 
 int main(int argc, char** argv) {
   const std::string out = bench::out_path(argc, argv);
-  const auto full =
+  const auto c1024 =
     load_job_file(std::string(H2_SOURCE_DIR) + "/examples/cluster-1024.toml");
+  const auto c10k =
+    load_job_file(std::string(H2_SOURCE_DIR) + "/examples/cluster-10k.toml");
   const double target = 5.0;
   std::vector<bench::record> records;
-  for (int stride : {16, 4, 1}) {
-    job_config job = stride == 1 ? full : scheduler::sub_cluster(full, stride);
+  const std::pair<const job_config*, int> cuts[] = {
+    {&c1024, 16}, {&c1024, 4}, {&c1024, 1}, {&c10k, 5}, {&c10k, 2}, {&c10k, 1}};
+  for (const auto& [full, stride] : cuts) {
+    job_config job =
+      stride == 1 ? *full : scheduler::sub_cluster(*full, stride);
     const int chips = static_cast<int>(job.chips().size());
     // Best of three runs: planning is deterministic, the machine is not.
     double best = 1e300;

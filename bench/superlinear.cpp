@@ -35,6 +35,34 @@ double tokens_per_second(const job_config& job, double step_seconds) {
   return static_cast<double>(job.tokens_per_step()) / step_seconds;
 }
 
+/// The predicted ratio of a paper-scale cluster (docs/planner.md, "The
+/// super-linear ratio"): each kind's plan and what binds it in the note,
+/// and the ratio over the kinds that train alone when some cannot.
+void paper_scale(const std::string& name, const job_config& job,
+                 std::vector<bench::record>& records) {
+  runtime::profiled_measurements m(job);
+  auto best = scheduler::plan_auto(job, m);
+  auto c = scheduler::compare_with_baselines(job, m, {}, best.report);
+  std::string note = "auto " + best.report.shape + "; alone:";
+  for (const auto& h : c.homogeneous)
+    note += " " + h.name + " " +
+            (h.feasible ? h.shape + " binds " + h.binding
+                        : "cannot train alone (" + h.lever + ")") +
+            ";";
+  records.push_back(
+    {name + ".super_linear_ratio_predicted", best.report.tokens_per_second,
+     "tok/s", c.homogeneous_tokens_per_second, c.super_linear_ratio, note});
+  bench::print(records.back());
+  if (c.trainable && c.trainable->feasible) {
+    records.push_back(
+      {name + ".super_linear_ratio_trainable_kinds_predicted",
+       c.trainable->tokens_per_second, "tok/s", c.homogeneous_tokens_per_second,
+       c.trainable_ratio,
+       "the kinds that train alone, mixed: " + c.trainable->shape});
+    bench::print(records.back());
+  }
+}
+
 } // namespace
 
 int main(int argc, char** argv) {
@@ -80,6 +108,21 @@ int main(int argc, char** argv) {
        hetero_measured / homogeneous_measured,
        "runtime, virtual clock: sum of " + measured_parts});
     bench::print(records.back());
+  }
+  {
+    // The paper's scale: cluster-1024 cut to 64 and 256 chips (every
+    // sixteenth, fourth node) and whole, and the 1,280-chip mix of five
+    // kinds.
+    const auto full =
+      load_job_file(std::string(H2_SOURCE_DIR) + "/examples/cluster-1024.toml");
+    for (int stride : {16, 4, 1})
+      paper_scale("cluster_1024_" + std::to_string(1024 / stride) + "_chips",
+                  stride == 1 ? full : scheduler::sub_cluster(full, stride),
+                  records);
+    paper_scale("cluster_mixed_1280",
+                load_job_file(std::string(H2_SOURCE_DIR) +
+                              "/examples/cluster-mixed-1280.toml"),
+                records);
   }
   {
     auto job = parse_job(demo_job_toml(), "demo.toml");

@@ -94,6 +94,14 @@ std::vector<const chip_spec*> job_config::chips() const {
 }
 
 const chip_spec* job_config::find_chip(const chip_id& id) const {
+  // Nodes are numbered in order and chips within them (job files, and the
+  // planner's sub-clusters): look there first, then anywhere.
+  if (id.node >= 0 && static_cast<std::size_t>(id.node) < nodes.size()) {
+    const auto& n = nodes[static_cast<std::size_t>(id.node)];
+    if (id.index >= 0 && static_cast<std::size_t>(id.index) < n.chips.size() &&
+        n.chips[static_cast<std::size_t>(id.index)].id == id)
+      return &n.chips[static_cast<std::size_t>(id.index)];
+  }
   for (auto& n : nodes)
     for (auto& c : n.chips)
       if (c.id == id)

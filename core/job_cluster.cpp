@@ -228,17 +228,27 @@ void read_profiles(table_reader& root, job_config& job) {
   }
 }
 
+/// The most nodes a job may declare (with `repeat`).
+constexpr std::int64_t max_nodes = 1 << 20;
+
 void read_nodes(table_reader& root, job_config& job) {
   const toml::array* nodes = root.maybe_array("nodes");
   if (nodes == nullptr || nodes->empty())
     throw config_error("nodes", "missing: declare at least one [[nodes]] "
                                 "table with a chips = [...] list");
-  int rank = 0;
+  int rank = 0, entry = 0;
   for (const toml::node& n : *nodes) {
-    std::string path = "nodes[" + std::to_string(rank) + "]";
+    std::string path = "nodes[" + std::to_string(entry++) + "]";
     if (!n.is_table())
       throw config_error(path, "expected a table ([[nodes]])");
     table_reader t(*n.as_table(), path);
+    // Identical nodes of a large cluster, declared once.
+    const auto repeat = t.optional<std::int64_t>("repeat", 1);
+    if (repeat < 1 || repeat > max_nodes - rank)
+      throw config_error(t.path("repeat"),
+                         "expected an integer from 1 to " +
+                           std::to_string(max_nodes - rank) + " (at most " +
+                           std::to_string(max_nodes) + " nodes in a job)");
     node_spec node;
     node.rank = rank;
     const toml::array* chips = t.maybe_array("chips");
@@ -255,8 +265,12 @@ void read_nodes(table_reader& root, job_config& job) {
       ++index;
     }
     t.finish();
-    job.nodes.push_back(std::move(node));
-    ++rank;
+    for (std::int64_t copy = 0; copy < repeat; ++copy, ++rank) {
+      node.rank = rank;
+      for (auto& chip : node.chips)
+        chip.id.node = rank;
+      job.nodes.push_back(node);
+    }
   }
 }
 

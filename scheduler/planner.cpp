@@ -341,6 +341,8 @@ std::string plan_report::explain() const {
     out << " (all-reduces of up to " << seconds_text(allreduce_seconds)
         << " inside)";
   out << " + optimizer " << seconds_text(optimizer_seconds) << "\n";
+  if (idle_chips > 0)
+    out << "idle: " << idle_reason << "\n";
   if (candidates > 0)
     out << "search: " << candidates << " layouts, " << simulations
         << " simulations, " << measurements << " measurements; "
@@ -624,6 +626,7 @@ planned planner::run() {
   out.report.simulations = simulations();
   out.report.proven_optimal = proven;
   out.report.shape = best_shape;
+  explain_idle_chips(im, candidates, best, out.report);
   std::stable_sort(ranking.begin(), ranking.end(), [](auto& a, auto& b) {
     return a.feasible && (!b.feasible || a.step_seconds < b.step_seconds);
   });

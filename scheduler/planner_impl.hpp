@@ -59,4 +59,11 @@ struct planner::impl {
   stage_two_result stage_two(const pipeline_candidate& c, double bound);
 };
 
+/// Sets report.idle_chips and, when some are, report.idle_reason: the best
+/// plan among `candidates` that uses every chip, or that none fits
+/// (idle_chips.cpp).
+void explain_idle_chips(planner::impl& im,
+                        const std::vector<pipeline_candidate>& candidates,
+                        const stage_two_result& best, plan_report& report);
+
 } // namespace h2::scheduler

@@ -62,8 +62,11 @@ private:
   std::vector<std::vector<int>> all_splits(bool& truncated) const {
     std::vector<std::vector<int>> splits;
     std::vector<int> split(group_count_);
+    // Calls, not only splits, are bounded: most branches of a large batch
+    // over several groups end without a split.
+    std::size_t calls = 0;
     std::function<void(std::size_t, int)> rec = [&](std::size_t i, int left) {
-      if (splits.size() > max_splits) {
+      if (splits.size() > max_splits || ++calls > 64 * max_splits) {
         truncated = true;
         return;
       }
@@ -74,7 +77,9 @@ private:
         }
         return;
       }
-      for (int x = unit_[i]; x <= left; x += unit_[i]) {
+      // Stops at the limit: the loops above it would otherwise run on,
+      // O(batch^(groups - 1)) calls each returning at once.
+      for (int x = unit_[i]; x <= left && !truncated; x += unit_[i]) {
         split[i] = x;
         rec(i + 1, left - x);
       }

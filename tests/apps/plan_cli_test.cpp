@@ -157,8 +157,8 @@ TEST(apps_plan_cli, compare_and_candidates) {
   for (const char* needle :
        {"schedules (predicted, each planned by HeteroAuto):", "  gpipe ",
         "  1f1b ", "  zb-h1 ", "compare (predicted):", "auto (this plan)",
-        "even (4 stages",
-        "homogeneous h100-sxm/bf16 (1 chip", "homogeneous mi250x/bf16",
+        "even (4 stages", "homogeneous h100-sxm/bf16 (1 chip",
+        "homogeneous mi250x/bf16", "      plan: 1 x [", "      binds: ",
         "super-linear ratio:", "layouts (stage 1), fastest first:"})
     EXPECT_NE(r.out.find(needle), std::string::npos)
       << "missing '" << needle << "' in:\n"
@@ -226,6 +226,12 @@ INSTANTIATE_TEST_SUITE_P(
                     return std::vector<std::string>{(d / "nope.toml").string()};
                   },
                   "nope.toml"},
+    bad_plan_case{
+      "bad_recompute",
+      [](const scratch_dir& d) {
+        return job_with(d, "lr = 1e-3", "lr = 1e-3", {"--recompute", "some"});
+      },
+      "--recompute: expected none, full or selective"},
     bad_plan_case{"bad_key",
                   [](const scratch_dir& d) {
                     return job_with(d, "lr = 1e-3", "lrr = 1e-3");

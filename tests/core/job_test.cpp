@@ -171,8 +171,8 @@ TEST(core_job, base_is_valid) {
   EXPECT_EQ(job.train.micro_batch, 2);
 }
 
-TEST(core_job, defaults) {
-  const std::string minimal = R"(
+/// The smallest [model], [data] and [train] a job file can have.
+const std::string tiny_model = R"(
 [model]
 vocab_size = 9
 seq_len = 4
@@ -183,6 +183,10 @@ n_layer = 1
 entropy_rate = 0.5
 [train]
 global_batch = 4
+)";
+
+TEST(core_job, defaults) {
+  const std::string minimal = tiny_model + R"(
 [[nodes]]
 chips = ["cpu", "emulated:h100-sxm", "emulated:v100-sxm2-32gb"]
 )";
@@ -352,6 +356,38 @@ TEST(core_job, manual_plan_and_chip_tables) {
             (std::vector<recompute_policy>{recompute_policy::none(),
                                            {false, 1, true},
                                            recompute_policy::whole()}));
+}
+
+// `repeat` declares identical nodes at once, numbered on in order.
+TEST(core_job, nodes_repeat) {
+  const std::string text = tiny_model + R"(
+[[nodes]]
+chips = ["emulated:h100-sxm"]
+[[nodes]]
+repeat = 3
+chips = ["emulated:mi250x", "emulated:mi250x"]
+[[nodes]]
+chips = ["emulated:a100-sxm-80gb"]
+[plan]
+mode = "auto"
+)";
+  auto job = parse_job(text, "t");
+  ASSERT_EQ(job.nodes.size(), 5u);
+  EXPECT_EQ(job.chips().size(), 8u);
+  for (int n = 0; n < 5; ++n) {
+    EXPECT_EQ(job.nodes[static_cast<std::size_t>(n)].rank, n);
+    for (const auto& c : job.nodes[static_cast<std::size_t>(n)].chips)
+      EXPECT_EQ(c.id.node, n);
+  }
+  EXPECT_EQ(job.find_chip({3, 1})->profile.name, "mi250x");
+  EXPECT_EQ(job.find_chip({4, 0})->profile.name, "a100-sxm-80gb");
+  EXPECT_EQ(job.find_chip({4, 1}), nullptr);
+  for (const char* bad : {"repeat = 0", "repeat = -2", "repeat = 2000000"}) {
+    auto t = text;
+    t.replace(t.find("repeat = 3"), 10, bad);
+    expect_config_error([&] { parse_job(t, "t"); }, "nodes[1].repeat",
+                        {"expected an integer from 1"});
+  }
 }
 
 TEST(core_job, emulation_section) {

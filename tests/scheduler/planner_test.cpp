@@ -41,7 +41,7 @@ TEST(scheduler_planner, never_slower_than_the_even_plan) {
                               4 + static_cast<double>(seed % 5));
     in.job->train.micro_batch = seed % 2 ? 1 : 2;
     auto even = even_of(*in.job);
-    planner_options o;
+    scheduler::planner_options o;
     o.suggest_changes = false;
     planner pl(*in.job, *in.measurements, o);
     auto e = pl.simulate(even);
@@ -98,7 +98,7 @@ TEST(scheduler_planner, memory_rich_chips_where_activations_pile_up) {
       job_toml(kinds, {{"small", "small", "small", "big", "big", "big"}}, 10,
                16, schedule_kind::one_f_one_b, scale),
       "memory");
-    planner_options o;
+    scheduler::planner_options o;
     o.max_replicas = 1;
     o.suggest_changes = false;
     o.micro_batch_sizes = {1};
@@ -267,7 +267,7 @@ TEST(scheduler_planner, interleaved_deals_the_1f1b_plans_layers_into_chunks) {
     SCOPED_TRACE(name);
     auto job = load_job_file(std::string(H2_SOURCE_DIR) + "/examples/" + name);
     synthetic_measurements m(job, 7);
-    planner_options o;
+    scheduler::planner_options o;
     o.suggest_changes = false;
     o.schedule = schedule_kind::one_f_one_b;
     const auto base = scheduler::plan_auto(job, m, o);
@@ -398,6 +398,64 @@ TEST(scheduler_planner, compare_with_baselines) {
   EXPECT_EQ(chips, 6);
   EXPECT_DOUBLE_EQ(c.homogeneous_tokens_per_second, sum);
   EXPECT_DOUBLE_EQ(c.super_linear_ratio, best.report.tokens_per_second / sum);
+  // Every kind trains alone: one ratio, and each kind's plan says what
+  // binds it.
+  EXPECT_FALSE(c.trainable.has_value());
+  EXPECT_DOUBLE_EQ(c.trainable_ratio, c.super_linear_ratio);
+  for (const auto& h : c.homogeneous) {
+    EXPECT_FALSE(h.shape.empty());
+    for (const char* what : {"bubble", "memory", "links", "micro-batch"})
+      EXPECT_NE(h.binding.find(what), std::string::npos) << h.binding;
+  }
+}
+
+// A kind that cannot train alone counts 0 in the paper's sum; the ratio
+// over the kinds that can compares their mixed plan with their sum, and
+// the kind that cannot is told which change would let it.
+TEST(scheduler_planner, compare_without_the_kinds_that_cannot_train_alone) {
+  int found = 0;
+  for (std::uint64_t seed = 400; seed < 460 && found < 2; ++seed) {
+    auto in =
+      random_instance(seed, 6, 2, 8, 12, schedule_kind::one_f_one_b, 2.5);
+    scheduler::planner_options o;
+    o.suggest_changes = false;
+    planner pl(*in.job, *in.measurements, o);
+    scheduler::planned best;
+    try {
+      best = pl.run();
+    } catch (const scheduler::infeasible_error&) {
+      continue;
+    }
+    auto c = scheduler::compare_with_baselines(*in.job, *in.measurements, {},
+                                               best.report);
+    int alone = 0;
+    for (const auto& h : c.homogeneous)
+      alone += h.feasible ? 1 : 0;
+    if (alone == 0 || alone == static_cast<int>(c.homogeneous.size()))
+      continue;
+    SCOPED_TRACE(in.job->name);
+    ++found;
+    ASSERT_TRUE(c.trainable.has_value());
+    int chips = 0, batch = 0;
+    for (const auto& h : c.homogeneous) {
+      if (!h.feasible) {
+        EXPECT_NE(h.why_not.find("does not fit"), std::string::npos);
+        EXPECT_FALSE(h.lever.empty());
+        continue;
+      }
+      chips += h.chips;
+      batch += h.global_batch;
+    }
+    EXPECT_EQ(c.trainable->chips, chips);
+    EXPECT_EQ(c.trainable->global_batch, batch);
+    if (c.trainable->feasible) {
+      EXPECT_DOUBLE_EQ(c.trainable_ratio, c.trainable->tokens_per_second /
+                                            c.homogeneous_tokens_per_second);
+    }
+    EXPECT_DOUBLE_EQ(c.super_linear_ratio, best.report.tokens_per_second /
+                                             c.homogeneous_tokens_per_second);
+  }
+  EXPECT_EQ(found, 2) << "instances with a kind that cannot train alone";
 }
 
 } // namespace

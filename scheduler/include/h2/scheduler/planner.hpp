@@ -126,6 +126,14 @@ struct plan_report {
   std::size_t measurements = 0;
   bool proven_optimal = false;
   std::string shape; ///< the winning stage-1 candidate, in words
+  /// Chips given to the planner that the plan leaves idle (plan_auto
+  /// only), and why: the best plan that uses every chip is predicted
+  /// slower, or none fits.
+  int idle_chips = 0;
+  std::string idle_reason;
+  /// The step of the best plan that uses every chip, when chips are idle
+  /// (0: none fits).
+  double all_chips_step_seconds = 0;
   /// Every candidate, fastest first (planner_options::rank_candidates).
   std::vector<candidate_outcome> ranking;
   /// The simulated step (its timeline when asked for).
