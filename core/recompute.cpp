@@ -15,6 +15,17 @@ std::string to_string(const recompute_policy& p) {
   return p.attention ? out + " + attention" : out;
 }
 
+recomputed_part recomputed_part_of(const recompute_policy& p, layer_kind kind,
+                                   int block) noexcept {
+  if (p.full)
+    return recomputed_part::forward;
+  if (kind != layer_kind::block)
+    return recomputed_part::nothing;
+  if (block < p.blocks)
+    return recomputed_part::forward;
+  return p.attention ? recomputed_part::attention : recomputed_part::nothing;
+}
+
 namespace {
 
 std::string without_spaces(std::string_view text) {

@@ -20,8 +20,11 @@ at::Tensor stage::forward(const at::Tensor& input, const micro_batch& mb) {
   at::Tensor x = input;
   int blocks = 0;
   for (auto& l : layers_) {
-    const bool whole_block = l->kind() == layer_kind::block &&
-                             !recompute_.full && blocks++ < recompute_.blocks;
+    // A full recomputation is the caller's: everything here is kept.
+    const bool whole_block =
+      !recompute_.full && recomputed_part_of(recompute_, l->kind(), blocks) ==
+                            recomputed_part::forward;
+    blocks += l->kind() == layer_kind::block ? 1 : 0;
     if (!whole_block) {
       x = l->forward(x, mb);
       continue;
@@ -41,10 +44,11 @@ void stage::set_recompute(const recompute_policy& p) {
   H2_ENFORCE(p.blocks >= 0, "recompute blocks=", p.blocks);
   recompute_ = p;
   int blocks = 0;
-  for (auto& l : layers_)
-    if (l->kind() == layer_kind::block)
-      l->set_attention_recompute(!p.full && p.attention &&
-                                 blocks++ >= p.blocks);
+  for (auto& l : layers_) {
+    l->set_attention_recompute(recomputed_part_of(p, l->kind(), blocks) ==
+                               recomputed_part::attention);
+    blocks += l->kind() == layer_kind::block ? 1 : 0;
+  }
 }
 
 std::vector<parameter*> stage::parameters() {

@@ -71,13 +71,18 @@ stage_worker::stage_worker(worker_setup setup) : setup_(std::move(setup)) {
             *device_->layer_seconds(w, devices::pass::backward_weight);
       forward_share_.push_back(f ? *f : w.forward_flops);
       backward_share_.push_back(b ? *b : w.backward_flops);
-      const recompute_policy& rc = c.recompute;
-      if (rc.full || (w.kind == layer_kind::block && blocks < rc.blocks))
-        backward_share_.back() += forward_share_.back();
-      else if (w.kind == layer_kind::block && rc.attention) {
-        auto a =
-          device_->layer_seconds(attention_work_, devices::pass::forward);
-        backward_share_.back() += a ? *a : attention_work_.forward_flops;
+      switch (recomputed_part_of(c.recompute, w.kind, blocks)) {
+        case recomputed_part::forward:
+          backward_share_.back() += forward_share_.back();
+          break;
+        case recomputed_part::attention: {
+          auto a =
+            device_->layer_seconds(attention_work_, devices::pass::forward);
+          backward_share_.back() += a ? *a : attention_work_.forward_flops;
+          break;
+        }
+        case recomputed_part::nothing:
+          break;
       }
       blocks += w.kind == layer_kind::block ? 1 : 0;
       forward_total += forward_share_.back();

@@ -216,13 +216,12 @@ void live_calibration::add_compute(chip_state& cs, const chip_spec& spec,
       // The runtime's backward of a recomputing stage runs the forward
       // again, in whole or its attention cores (docs/planner.md, "Cost
       // model"); a split backward is B + W.
-      const auto& rc = st->recompute;
-      const bool block = k == layer_kind::block;
-      const double again = rc.full || (block && blocks < rc.blocks)
-                             ? t.forward_seconds
-                           : block && rc.attention ? t.attention_seconds
-                                                   : 0.0;
-      blocks += block ? 1 : 0;
+      const auto part = recomputed_part_of(st->recompute, k, blocks);
+      const double again = part == recomputed_part::forward ? t.forward_seconds
+                           : part == recomputed_part::attention
+                             ? t.attention_seconds
+                             : 0.0;
+      blocks += k == layer_kind::block ? 1 : 0;
       pred_b[kind_index(k)] +=
         (splits_backward(schedule) ? t.input_seconds + t.weight_seconds
                                    : t.backward_seconds) +

@@ -38,11 +38,23 @@ std::string to_string(const recompute_policy& p);
 /// for anything else.
 std::optional<recompute_policy> parse_recompute(std::string_view text);
 
+/// What a policy runs again of one layer of its stage.
+enum class recomputed_part {
+  nothing,
+  forward,   ///< the layer's whole forward
+  attention, ///< the block's attention core
+};
+
+/// What `p` recomputes of a stage's layer of kind `kind`; `block` counts
+/// the stage's blocks before it (its own index among them). The one rule
+/// the runtime, the cost model and the live calibration share.
+recomputed_part recomputed_part_of(const recompute_policy& p, layer_kind kind,
+                                   int block) noexcept;
+
 /// The forward work `p` runs again in the backward of a stage of `layers`
 /// (in stage order), as `forward_of` measures a layer_work (seconds or
-/// FLOPs): every layer's forward for a full recomputation; else the first
-/// p.blocks blocks' and, with p.attention, `attention` (the stage's
-/// attention_core_work()) once per other block.
+/// FLOPs): recomputed_part_of() each layer, `attention` (the stage's
+/// attention_core_work()) standing for an attention core.
 template <class Forward>
 double recomputed_forward(const recompute_policy& p,
                           const std::vector<layer_work>& layers,
@@ -50,14 +62,17 @@ double recomputed_forward(const recompute_policy& p,
   double out = 0;
   int blocks = 0;
   for (const auto& w : layers) {
-    if (p.full)
-      out += forward_of(w);
-    else if (w.kind != layer_kind::block)
-      continue;
-    else if (blocks++ < p.blocks)
-      out += forward_of(w);
-    else if (p.attention)
-      out += forward_of(attention);
+    switch (recomputed_part_of(p, w.kind, blocks)) {
+      case recomputed_part::forward:
+        out += forward_of(w);
+        break;
+      case recomputed_part::attention:
+        out += forward_of(attention);
+        break;
+      case recomputed_part::nothing:
+        break;
+    }
+    blocks += w.kind == layer_kind::block ? 1 : 0;
   }
   return out;
 }
