@@ -234,8 +234,10 @@ stage_cost stage_coefficients::cost(const stage_layers& s,
     // input).
     dropped = whole * (memory_block.activation_bytes - boundary_bytes) +
               cores * memory_block.attention_bytes;
-    rebuilt = (whole > 0 ? memory_block.activation_bytes : 0.0) +
-              (cores > 0 ? memory_block.attention_bytes : 0.0);
+    // One backward at a time: a whole block's activations or a core's
+    // probabilities.
+    rebuilt = std::max(whole > 0 ? memory_block.activation_bytes : 0.0,
+                       cores > 0 ? memory_block.attention_bytes : 0.0);
   }
   c.forward_seconds = fwd;
   c.backward_seconds = bwd + again;
@@ -281,10 +283,11 @@ std::optional<stage_cost> stage_coefficients::fitting(const stage_layers& s,
         (memory_block.activation_bytes - boundary_bytes -
          (attention ? memory_block.attention_bytes : 0.0)) *
         in_flight;
-      // Recomputing any block adds one block's activations to the
-      // working set.
+      // Recomputing any block rebuilds one block's activations in the
+      // working set instead of one core's probabilities.
       const double excess = base.peak_bytes(in_flight, reduced) - capacity +
-                            memory_block.activation_bytes;
+                            memory_block.activation_bytes -
+                            (attention ? memory_block.attention_bytes : 0.0);
       int k = 0;
       if (base.peak_bytes(in_flight, reduced) > capacity && per_block > 0)
         k = std::max(1, static_cast<int>(std::ceil(excess / per_block)));
