@@ -145,6 +145,8 @@ caf::behavior chip_actor(caf::event_based_actor* self,
                    " has no checkpoint writer");
         auto layers = w.snapshot();
         const auto count = static_cast<std::int32_t>(layers.size());
+        if (layers.empty()) // ZeRO-1: a replica that only gathered
+          return count;
         auto to = caf::actor_cast<caf::actor>(self->current_sender());
         // The scheduler takes the records only from the chip they belong
         // to: they go as from this chip.

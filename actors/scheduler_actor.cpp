@@ -126,9 +126,14 @@ std::vector<stage_plan> saving_chunks(self_ptr self) {
   return out;
 }
 
-/// Chips of replica 0: the first ones of ctx.chips (plan_chips() order).
-std::size_t replica_zero_chips(const run_context& ctx) {
-  return replica_chips(ctx.the_plan.replicas.front()).size();
+/// The chips a snapshot asks, the first ones of ctx.chips (plan_chips()
+/// order): replica 0's, which hold every layer's state; under ZeRO-1 every
+/// chip, as each gathers its share of the moments with its ring (replica
+/// 0's come back with the layers, the others with none).
+std::size_t snapshot_chips(const run_context& ctx) {
+  return ctx.the_plan.zero1
+           ? ctx.chips.size()
+           : replica_chips(ctx.the_plan.replicas.front()).size();
 }
 
 /// Makes one request of each of the first `count` chips (plan order:
@@ -250,7 +255,7 @@ void save_checkpoint(self_ptr self, std::function<void()> then,
     return;
   }
   st.saving = scheduler_state::save_in_progress{st.step, {}, waited, waited};
-  const auto owners = replica_zero_chips(ctx);
+  const auto owners = snapshot_chips(ctx);
   gather_first<std::int32_t>(
     self, owners,
     [self, then = std::move(then), start, waited](std::vector<std::int32_t>) {
@@ -409,7 +414,7 @@ void replan(self_ptr self, scheduler_state::pending_plan change,
     fail(self, current_exception_error());
     return;
   }
-  const auto owners = replica_zero_chips(ctx);
+  const auto owners = snapshot_chips(ctx);
   const auto started = clock::now();
   gather_first<std::vector<runtime::layer_state>>(
     self, owners,

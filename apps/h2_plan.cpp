@@ -37,6 +37,7 @@ struct options {
   std::string schedule;
   std::vector<int> micro_batch;
   std::string recompute = "selective";
+  bool zero1 = false;
   int max_replicas = 0;
 };
 
@@ -238,6 +239,7 @@ int failed_search(const std::vector<scheduler::schedule_choice>& choices) {
 
 int run(const options& opt) {
   job_config job = load_job_file(opt.job_path);
+  job.plan.zero1 = job.plan.zero1 || opt.zero1;
   scheduler::planner_options po;
   if (opt.schedule == "auto") {
     po.search_schedules = true;
@@ -367,6 +369,9 @@ int main(int argc, char** argv) {
                  "What stages may recompute: none, full (whole stages "
                  "only) or selective (also whole blocks and attention "
                  "cores; default)");
+  cli.add_flag("--zero1", opt.zero1,
+               "Shard the AdamW moments over the replicas (ZeRO-1), as "
+               "[plan] zero1 = true does");
   cli
     .add_option("--max-replicas", opt.max_replicas,
                 "Most data-parallel replicas (default: no limit)")

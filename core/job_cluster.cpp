@@ -312,6 +312,7 @@ void read_plan(table_reader& root, job_config& job) {
   const int chips = static_cast<int>(p.stages.size());
   const int layers = job.model.num_layers();
   read_chunks_per_chip(*t, p, chips, layers);
+  p.zero1 = t->optional<bool>("zero1", false);
   // Stages of the plan: a chunk each (one per chip unless chunks_per_chip).
   const int stages = chips * p.chunks_per_chip;
   const toml::array* layer_counts = t->maybe_array("layers");

@@ -33,6 +33,8 @@ std::string to_json(const plan& p, int indent) {
   j["format"] = "h2-plan";
   j["version"] = plan::format_version;
   j["schedule"] = std::string(to_string(p.schedule));
+  if (p.zero1)
+    j["zero1"] = true;
   j["replicas"] = nlohmann::json::array();
   for (auto& r : p.replicas) {
     nlohmann::json jr;
@@ -99,7 +101,8 @@ plan plan_from_json(const std::string& text, const std::string& origin) {
   std::string root = origin;
   if (!j.is_object())
     throw config_error(root, "expected a JSON object");
-  reject_unknown(j, {"format", "version", "schedule", "replicas"}, root);
+  reject_unknown(j, {"format", "version", "schedule", "replicas", "zero1"},
+                 root);
   const json& fmt = member(j, "format", root);
   if (!fmt.is_string() || fmt.get<std::string>() != "h2-plan")
     throw config_error(root + ".format", "expected \"h2-plan\"");
@@ -118,6 +121,11 @@ plan plan_from_json(const std::string& text, const std::string& origin) {
     throw config_error(root + ".schedule",
                        "expected one of " + schedule_kind_choices());
   p.schedule = *kind;
+  if (j.contains("zero1")) {
+    if (!j["zero1"].is_boolean())
+      throw config_error(root + ".zero1", "expected true or false");
+    p.zero1 = j["zero1"].get<bool>();
+  }
   long long sequences = 0;
   const json& reps = member(j, "replicas", root);
   if (!reps.is_array() || reps.empty())

@@ -149,18 +149,27 @@ void adamw(parameter& p, const train_config& train, double lr, int step,
   const double step_size = lr / bias1;
   const double bias2_sqrt = std::sqrt(bias2);
   at::NoGradGuard no_grad;
+  // Under ZeRO-1 the chip's share of the flattened parameter: the same
+  // element-wise arithmetic on fewer elements.
+  at::Tensor value = p.value;
+  if (p.shard_length >= 0) {
+    value = p.value.view({-1}).narrow(0, p.shard_offset, p.shard_length);
+    g = g.view({-1}).narrow(0, p.shard_offset, p.shard_length);
+  }
+  if (!p.exp_avg.defined()) { // empty for an empty share, like its peers'
+    p.exp_avg = at::zeros_like(value);
+    p.exp_avg_sq = at::zeros_like(value);
+  }
+  if (value.numel() == 0)
+    return;
   if (grad_scale != 1.0)
     g.mul_(grad_scale);
-  if (!p.exp_avg.defined()) {
-    p.exp_avg = at::zeros_like(p.value);
-    p.exp_avg_sq = at::zeros_like(p.value);
-  }
   if (p.decay && train.weight_decay > 0)
-    p.value.mul_(1.0 - lr * train.weight_decay);
+    value.mul_(1.0 - lr * train.weight_decay);
   p.exp_avg.mul_(train.beta1).add_(g, 1.0 - train.beta1);
   p.exp_avg_sq.mul_(train.beta2).addcmul_(g, g, 1.0 - train.beta2);
   auto denom = (p.exp_avg_sq.sqrt() / bias2_sqrt).add_(train.eps);
-  p.value.addcdiv_(p.exp_avg, denom, -step_size);
+  value.addcdiv_(p.exp_avg, denom, -step_size);
 }
 
 } // namespace h2::model::ops

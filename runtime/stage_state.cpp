@@ -7,6 +7,7 @@
 
 #include <ATen/core/grad_mode.h>
 #include <ATen/ops/from_blob.h>
+#include <ATen/ops/zeros.h>
 #include <ATen/ops/zeros_like.h>
 
 #include <cstring>
@@ -18,7 +19,8 @@ namespace {
 constexpr const char* exp_avg_suffix = ".exp_avg";
 constexpr const char* exp_avg_sq_suffix = ".exp_avg_sq";
 
-/// A host copy of an fp32 tensor of `device`.
+} // namespace
+
 state_tensor host_copy(const devices::device_context& device,
                        const std::string& name, const at::Tensor& t) {
   H2_ENFORCE(t.scalar_type() == at::kFloat, name, ": state is fp32, got ",
@@ -33,16 +35,24 @@ state_tensor host_copy(const devices::device_context& device,
   return out;
 }
 
-/// Copies `s` into `target` (same shape, fp32), a tensor of `device`.
+namespace {
+
+/// Copies `s` into `target`, a tensor of `device`: `s` has `shape` (fp32),
+/// and `target` takes all of it, or with `share` (a sharded moment, flat)
+/// elements [offset, offset + length) of it flattened.
 void copy_into(const devices::device_context& device, at::Tensor& target,
-               const state_tensor& s, int layer) {
+               const state_tensor& s, int layer,
+               const std::vector<std::int64_t>& shape,
+               const model::parameter* share = nullptr) {
   const auto where = "layer " + std::to_string(layer) + ", " + s.name;
-  if (s.dtype != "F32" || s.shape != target.sizes().vec())
+  if (s.dtype != "F32" || s.shape != shape)
     throw checkpoint_error(checkpoint_errc::mismatch, "",
                            where + ": expected F32 of the stage's shape, got " +
                              s.dtype);
-  const auto host = at::from_blob(const_cast<std::uint8_t*>(s.bytes.data()),
-                                  s.shape, at::TensorOptions(at::kFloat));
+  auto host = at::from_blob(const_cast<std::uint8_t*>(s.bytes.data()), s.shape,
+                            at::TensorOptions(at::kFloat));
+  if (share != nullptr)
+    host = host.view({-1}).narrow(0, share->shard_offset, share->shard_length);
   at::NoGradGuard no_grad;
   target.copy_(device.to_device(host));
 }
@@ -50,11 +60,22 @@ void copy_into(const devices::device_context& device, at::Tensor& target,
 } // namespace
 
 layer_state snapshot_layer(const devices::device_context& device,
-                           const model::layer& l) {
+                           const model::layer& l,
+                           std::map<std::string, state_tensor>* gathered) {
   layer_state out;
   out.layer = l.index();
   for (const auto& p : l.parameters()) {
     out.tensors.push_back(host_copy(device, p.name, p.value));
+    if (p.shard_length >= 0) {
+      H2_ENFORCE(gathered != nullptr, "layer ", l.index(), ", ", p.name,
+                 ": sharded moments need the group's gather");
+      for (const char* suffix : {exp_avg_suffix, exp_avg_sq_suffix}) {
+        auto i = gathered->find(p.name + suffix);
+        if (i != gathered->end())
+          out.tensors.push_back(std::move(i->second));
+      }
+      continue;
+    }
     // Moments exist once the optimizer has run (docs/checkpoints.md).
     if (p.exp_avg.defined()) {
       out.tensors.push_back(
@@ -89,7 +110,8 @@ void restore_layer(const devices::device_context& device, model::layer& l,
       throw checkpoint_error(checkpoint_errc::mismatch, "",
                              "layer " + std::to_string(l.index()) +
                                ": no tensor " + p.name);
-    copy_into(device, p.value, *value, l.index());
+    const auto shape = p.value.sizes().vec();
+    copy_into(device, p.value, *value, l.index(), shape);
     const auto* m1 = take(p.name + exp_avg_suffix);
     const auto* m2 = take(p.name + exp_avg_sq_suffix);
     if ((m1 == nullptr) != (m2 == nullptr))
@@ -102,12 +124,15 @@ void restore_layer(const devices::device_context& device, model::layer& l,
       p.exp_avg_sq = at::Tensor();
       continue;
     }
+    const bool sharded = p.shard_length >= 0;
     if (!p.exp_avg.defined()) {
-      p.exp_avg = at::zeros_like(p.value);
-      p.exp_avg_sq = at::zeros_like(p.value);
+      p.exp_avg = sharded ? at::zeros({p.shard_length}, p.value.options())
+                          : at::zeros_like(p.value);
+      p.exp_avg_sq = at::zeros_like(p.exp_avg);
     }
-    copy_into(device, p.exp_avg, *m1, l.index());
-    copy_into(device, p.exp_avg_sq, *m2, l.index());
+    const auto* share = sharded ? &p : nullptr;
+    copy_into(device, p.exp_avg, *m1, l.index(), shape, share);
+    copy_into(device, p.exp_avg_sq, *m2, l.index(), shape, share);
   }
   if (!by_name.empty())
     throw checkpoint_error(checkpoint_errc::mismatch, "",

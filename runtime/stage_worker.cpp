@@ -47,6 +47,7 @@ stage_worker::stage_worker(worker_setup setup) : setup_(std::move(setup)) {
     for (const auto& l : chunks_.back()->layers())
       layers_.push_back(l.get());
   }
+  shard_optimizer_state();
   if (needs_data)
     data_ = model::make_data_source(job);
   schedule_ = scheduler::make_schedule(setup_.schedule, setup_.layout,
@@ -209,6 +210,7 @@ make_worker_setups(const std::shared_ptr<const job_config>& job,
         w.peers[red.prev] = {};
         w.reductions.push_back(red);
       }
+      w.zero1 = p.zero1 && !w.reductions.empty();
       out.push_back(std::move(w));
     }
     first_sequence += r.sequences();
@@ -416,7 +418,10 @@ chip_update_report stage_worker::apply_update(const update_command& cmd) {
     clock.advance_virtual_to(cmd.virtual_barrier);
     double emulated_seconds = 0;
     for (const auto* l : layers_) {
-      auto s = device_->optimizer_seconds(l->parameter_count());
+      std::int64_t updated = 0; // a sharded parameter's share only
+      for (const auto& p : l->parameters())
+        updated += p.shard_length >= 0 ? p.shard_length : p.value.numel();
+      auto s = device_->optimizer_seconds(updated);
       emulated_seconds =
         s && emulated_seconds >= 0 ? emulated_seconds + *s : -1;
     }
@@ -432,10 +437,15 @@ chip_update_report stage_worker::apply_update(const update_command& cmd) {
     r.chip = device_->id();
     r.optimizer_seconds = device_->complete_op(w0, predicted);
     end_op();
-    r.end = clocks();
-    r.memory = memory_now();
     r.op = {recorded_op::optimizer, 0, t0, clock.now(),
             clock.virtual_now() - v0};
+    last_step_ = cmd.step;
+    if (setup_.zero1) {
+      op_context ctx(chunks_.size(), setup_.micro_batches);
+      gather_parameters(cmd.step, ctx);
+    }
+    r.end = clocks();
+    r.memory = memory_now();
     return r;
   });
 }
@@ -456,8 +466,18 @@ std::vector<layer_state> stage_worker::snapshot() {
   return guarded([&] {
     devices::thread_binding bind(*device_);
     std::vector<layer_state> out;
-    for (const auto* l : layers_)
-      out.push_back(snapshot_layer(*device_, *l));
+    if (!setup_.zero1) {
+      for (const auto* l : layers_)
+        out.push_back(snapshot_layer(*device_, *l));
+      return out;
+    }
+    // Every replica gathers its groups' moments; replica 0 holds the
+    // layers' whole state, which the others have too (docs/checkpoints.md).
+    op_context ctx(chunks_.size(), setup_.micro_batches);
+    auto gathered = gather_moments(ctx);
+    if (setup_.replica == 0)
+      for (const auto* l : layers_)
+        out.push_back(snapshot_layer(*device_, *l, &gathered));
     return out;
   });
 }
@@ -520,62 +540,6 @@ void stage_worker::tie_gradients(std::int64_t step, op_context& ctx) {
         p == head && embedding != nullptr ? sum.clone() : sum;
   ctx.ops.push_back(
     {recorded_op::allreduce, 0, t0, clock.now(), clock.virtual_now() - v0});
-}
-
-void stage_worker::reduce_gradients(std::int64_t step, op_context& ctx) {
-  if (setup_.reductions.empty())
-    return;
-  const auto& transport = setup_.job->transport;
-  auto& clock = device_->clock();
-  const double t0 = clock.now(), v0 = clock.virtual_now();
-  transport::allreduce_options options;
-  options.step = step;
-  options.wire_dtype =
-    transport.reduce_dtype == dtype::bf16 ? at::kBFloat16 : at::kFloat;
-  for (const auto& red : setup_.reductions) {
-    // The group's parameters held here; every member holds the same ones,
-    // so every member cuts the same buckets.
-    std::vector<model::parameter*> params;
-    for (auto* l : layers_)
-      if (l->index() >= red.first_layer && l->index() < red.end_layer)
-        for (auto& p : l->parameters())
-          params.push_back(&p);
-    transport::ring_io io{
-      [&](std::uint64_t tag, const at::Tensor& t) { send(red.next, tag, t); },
-      [&](std::uint64_t tag) { return receive(red.prev, tag, ctx, 0); },
-      {}};
-    options.group = red.group;
-    options.bucket = 0;
-    for (std::size_t i = 0; i < params.size(); ++options.bucket) {
-      std::vector<model::parameter*> bucket;
-      std::uint64_t bytes = 0;
-      do {
-        bucket.push_back(params[i]);
-        bytes += static_cast<std::uint64_t>(params[i]->value.numel()) * 4;
-        ++i;
-      } while (i < params.size() &&
-               bytes + static_cast<std::uint64_t>(params[i]->value.numel()) *
-                           4 <=
-                 transport.bucket_bytes);
-      std::vector<at::Tensor> grads;
-      for (auto* p : bucket) {
-        auto& g = p->value.mutable_grad();
-        if (!g.defined())
-          g = at::zeros_like(p->value);
-        grads.push_back(g.reshape({-1}));
-      }
-      at::Tensor flat = at::cat(grads);
-      transport::ring_allreduce(flat, red.rank, red.size, options, io);
-      std::int64_t offset = 0;
-      for (auto* p : bucket) {
-        auto& g = p->value.mutable_grad();
-        g.copy_(flat.narrow(0, offset, g.numel()).view_as(g));
-        offset += g.numel();
-      }
-    }
-  }
-  ctx.ops.push_back({recorded_op::allreduce, 0, t0,
-                     clock.now(), clock.virtual_now() - v0});
 }
 
 setup_report stage_worker::ready_report() const {

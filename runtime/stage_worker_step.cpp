@@ -270,10 +270,10 @@ chip_step_report stage_worker::run_step(const step_command& cmd) {
     reduce_gradients(cmd.step, ctx);
     tie_gradients(cmd.step, ctx);
     r.phase_end = clocks();
-    for (const auto* l : layers_) {
+    for (const auto* l : layers_)
       r.layer_ids.push_back(l->index());
-      r.layer_squared_norms.push_back(model::squared_grad_norm(*l));
-    }
+    r.layer_squared_norms = squared_norms();
+    r.norm_shares = setup_.zero1;
     r.idle_seconds = ctx.idle_seconds;
     r.memory = memory_now();
     r.traffic = traffic_of(setup_);

@@ -6,25 +6,28 @@
 #include <cmath>
 #include <limits>
 #include <map>
+#include <tuple>
 
 namespace h2::runtime {
 
 double grad_norm_of(const std::vector<chip_step_report>& steps) {
   // Summed in layer order, as the single model sums them. After the
   // all-reduce every replica holds the same gradient: replica 0's layers
-  // are the whole model.
-  std::vector<std::pair<std::int32_t, double>> layers;
+  // are the whole model. Under ZeRO-1 each replica holds a share of each
+  // layer's: summed replica by replica within a layer.
+  std::vector<std::tuple<std::int32_t, int, double>> layers;
   for (const auto& r : steps)
-    if (r.replica == 0) {
+    if (r.replica == 0 || r.norm_shares) {
       H2_ENFORCE(r.layer_ids.size() == r.layer_squared_norms.size(), "chip ",
                  r.chip.to_string(), ": ", r.layer_ids.size(),
                  " layer ids for ", r.layer_squared_norms.size(), " norms");
       for (std::size_t i = 0; i < r.layer_ids.size(); ++i)
-        layers.emplace_back(r.layer_ids[i], r.layer_squared_norms[i]);
+        layers.emplace_back(r.layer_ids[i], r.replica,
+                            r.layer_squared_norms[i]);
     }
   std::sort(layers.begin(), layers.end());
   double sum = 0;
-  for (const auto& [layer, s] : layers)
+  for (const auto& [layer, replica, s] : layers)
     sum += s;
   return std::sqrt(sum);
 }

@@ -102,6 +102,9 @@ layer_memory layer_memory_of(const gpt_config& cfg, layer_kind kind,
   }
   // AdamW: sqrt(v), its quotient and the update's temporaries, fp32.
   m.optimizer_working_bytes = 16 * largest;
+  const bool tied_table = cfg.tie_embeddings && kind != layer_kind::block;
+  m.shardable_bytes =
+    8.0 * (static_cast<double>(m.parameters) - (tied_table ? v * dm : 0.0));
   return m;
 }
 
@@ -155,6 +158,21 @@ stage_layers stage_layers::of(const gpt_config& cfg, int first_layer,
   return s;
 }
 
+stage_cost stage_cost::sharded(int replicas) const noexcept {
+  stage_cost c = *this;
+  if (replicas < 2)
+    return c;
+  const double kept_away = shardable_bytes * (replicas - 1) / replicas;
+  // The update runs over the moments the chip keeps (2 x gradient bytes
+  // without sharding).
+  const double moments = 2 * gradient_bytes;
+  c.static_bytes -= kept_away;
+  if (moments > 0)
+    c.optimizer_seconds *= (moments - kept_away) / moments;
+  c.shardable_bytes -= kept_away;
+  return c;
+}
+
 double stage_cost::peak_bytes(int in_flight, bool reduced) const noexcept {
   return static_bytes + std::max({held_bytes * in_flight + working_bytes,
                                   optimizer_working_bytes,
@@ -198,6 +216,7 @@ stage_cost stage_coefficients::cost(const stage_layers& s,
   double work = nb > 0 ? memory_block.working_bytes : 0.0;
   double opt_work = nb > 0 ? memory_block.optimizer_working_bytes : 0.0;
   double params = nb * static_cast<double>(memory_block.parameters);
+  double shardable = nb * memory_block.shardable_bytes;
   auto add = [&](const layer_timing& t, double o, const layer_memory& m) {
     fwd += t.forward_seconds;
     bwd += t.backward_seconds;
@@ -209,6 +228,7 @@ stage_cost stage_coefficients::cost(const stage_layers& s,
     work = std::max(work, m.working_bytes);
     opt_work = std::max(opt_work, m.optimizer_working_bytes);
     params += static_cast<double>(m.parameters);
+    shardable += m.shardable_bytes;
   };
   if (s.embedding)
     add(embedding, optimizer_embedding, memory_embedding);
@@ -250,6 +270,7 @@ stage_cost stage_coefficients::cost(const stage_layers& s,
   c.working_bytes = work + rebuilt;
   c.optimizer_working_bytes = opt_work;
   c.gradient_bytes = 4 * params;
+  c.shardable_bytes = shardable;
   // Buckets hold whole tensors: one larger than the limit is a bucket of
   // its own (AdamW's working set is 16 bytes per element of the largest).
   const double largest_tensor = 4 * opt_work / 16;
@@ -258,14 +279,13 @@ stage_cost stage_coefficients::cost(const stage_layers& s,
   return c;
 }
 
-std::optional<stage_cost> stage_coefficients::fitting(const stage_layers& s,
-                                                      int in_flight,
-                                                      double capacity,
-                                                      recompute_levels levels,
-                                                      bool reduced) const {
+std::optional<stage_cost>
+stage_coefficients::fitting(const stage_layers& s, int in_flight,
+                            double capacity, recompute_levels levels,
+                            bool reduced, int zero1_replicas) const {
   std::optional<stage_cost> best;
   auto consider = [&](const recompute_policy& p) {
-    stage_cost c = cost(s, p);
+    stage_cost c = cost(s, p).sharded(zero1_replicas);
     if (c.peak_bytes(in_flight, reduced) <= capacity &&
         (!best || c.backward_seconds < best->backward_seconds))
       best = c;
@@ -278,7 +298,7 @@ std::optional<stage_cost> stage_coefficients::fitting(const stage_layers& s,
     // attention cores: held bytes fall by the same amount per block.
     for (bool attention : {false, true}) {
       recompute_policy p{false, 0, attention};
-      const stage_cost base = cost(s, p);
+      const stage_cost base = cost(s, p).sharded(zero1_replicas);
       const double per_block =
         (memory_block.activation_bytes - boundary_bytes -
          (attention ? memory_block.attention_bytes : 0.0)) *
@@ -392,29 +412,34 @@ std::vector<double> cost_model::buckets(const stage_layers& layers) const {
 }
 
 double cost_model::allreduce_seconds(const std::vector<link_figures>& links,
-                                     const std::vector<double>& buckets) const {
+                                     const std::vector<double>& buckets,
+                                     bool zero1) const {
   const std::size_t r = links.size();
   if (r < 2)
     return 0;
   const double wire = job_->transport.reduce_dtype == dtype::fp32 ? 1.0 : 0.5;
-  double total = 0;
-  for (double b : buckets) {
-    const double share = b * wire / static_cast<double>(r);
+  // ZeRO-1 gathers fp32 parameters in the second half.
+  const double gather = zero1 ? 1.0 : wire;
+  auto ring_step = [&](double bytes) {
     double step = 0;
     for (const auto& e : links)
-      step = std::max(step, e.seconds(share));
-    total += 2.0 * static_cast<double>(r - 1) * step;
-  }
+      step = std::max(step, e.seconds(bytes / static_cast<double>(r)));
+    return static_cast<double>(r - 1) * step;
+  };
+  double total = 0;
+  for (double b : buckets)
+    total += ring_step(b * wire) + ring_step(b * gather);
   return total;
 }
 
 double cost_model::allreduce_seconds(const std::vector<const chip_spec*>& ring,
-                                     int first_layer, int end_layer) const {
+                                     int first_layer, int end_layer,
+                                     bool zero1) const {
   if (ring.size() < 2)
     return 0;
   return allreduce_seconds(
     ring_links(ring),
-    buckets(stage_layers::of(job_->model, first_layer, end_layer)));
+    buckets(stage_layers::of(job_->model, first_layer, end_layer)), zero1);
 }
 
 } // namespace h2::scheduler

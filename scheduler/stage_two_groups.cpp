@@ -28,11 +28,12 @@ public:
                      double bound)
       : planner_(impl), candidate_(c), group_count_(c.groups.size()) {
     unit_.resize(group_count_);
-    for (std::size_t i = 0; i < group_count_; ++i) {
+    for (std::size_t i = 0; i < group_count_; ++i)
       unit_[i] = static_cast<int>(c.groups[i].replicas.size());
+    const int replicas = std::accumulate(unit_.begin(), unit_.end(), 0);
+    for (std::size_t i = 0; i < group_count_; ++i)
       searches_.push_back(
-        std::make_unique<group_search>(impl, c.groups[i], false));
-    }
+        std::make_unique<group_search>(impl, c.groups[i], false, replicas));
     best_.step_seconds = bound;
   }
 
@@ -109,6 +110,7 @@ private:
                 const std::vector<const group_solution*>& sols) {
     plan p;
     p.schedule = planner_.pipeline_schedule;
+    p.zero1 = planner_.job->plan.zero1;
     for (std::size_t i = 0; i < group_count_; ++i)
       add_replicas(planner_, candidate_.groups[i], *searches_[i], *sols[i],
                    split[i] / unit_[i], p);

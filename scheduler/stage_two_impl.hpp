@@ -177,8 +177,10 @@ class group_search {
 public:
   /// `reduce_across_replicas`: the group's replicas all-reduce among
   /// themselves (false when other groups take part in the all-reduce).
+  /// `plan_replicas`: replicas of the whole plan, every group's (the
+  /// members of each reduction group, what ZeRO-1 shards over).
   group_search(planner::impl& impl, const replica_group& g,
-               bool reduce_across_replicas);
+               bool reduce_across_replicas, int plan_replicas);
 
   int stages() const noexcept { return stages_; }
   int micro_batches() const noexcept { return micro_batches_; }
@@ -241,6 +243,8 @@ private:
   int blocks_; ///< transformer blocks
   bool reduce_across_replicas_;
   bool reduced_; ///< the candidate has replicas: gradients are all-reduced
+  /// With the job's plan.zero1: the plan's replicas (1: not sharded).
+  int zero1_replicas_;
   int micro_batch_size_ = 1, micro_batches_ = 1;
   // Per stage, at this micro-batch size.
   std::vector<const stage_coefficients*> coefficients_;

@@ -9,7 +9,7 @@
 namespace h2::scheduler::stage_two_detail {
 
 group_search::group_search(planner::impl& impl, const replica_group& g,
-                           bool reduce_across_replicas)
+                           bool reduce_across_replicas, int plan_replicas)
     : planner_(impl),
       chips_(g.replicas.size()),
       stages_(static_cast<int>(g.replicas.front().size())),
@@ -18,7 +18,8 @@ group_search::group_search(planner::impl& impl, const replica_group& g,
       blocks_(impl.job->model.n_layer),
       reduce_across_replicas_(reduce_across_replicas && g.replicas.size() > 1),
       // Several groups (reduced across groups) mean several replicas.
-      reduced_(!reduce_across_replicas || g.replicas.size() > 1) {
+      reduced_(!reduce_across_replicas || g.replicas.size() > 1),
+      zero1_replicas_(impl.job->plan.zero1 ? plan_replicas : 1) {
   for (std::size_t r = 0; r < g.replicas.size(); ++r)
     for (int c : g.replicas[r])
       chips_[r].push_back(impl.chips[static_cast<std::size_t>(c)]);
@@ -81,9 +82,9 @@ void group_search::setup(int micro_batch_size, int sequences) {
 stage_value group_search::eval(int s, const stage_layers& layers) const {
   const auto i = static_cast<std::size_t>(s);
   stage_value v;
-  const auto fit =
-    coefficients_[i]->fitting(layers, in_flight_[i], capacity_bytes_[i],
-                              planner_.options.recompute, reduced_);
+  const auto fit = coefficients_[i]->fitting(
+    layers, in_flight_[i], capacity_bytes_[i], planner_.options.recompute,
+    reduced_, zero1_replicas_);
   if (!fit)
     return v;
   const stage_cost& c = *fit;
@@ -210,8 +211,8 @@ double group_search::allreduce_seconds(int s,
                            [4 * static_cast<std::size_t>(layers.blocks) +
                             (layers.embedding ? 2 : 0) + (layers.head ? 1 : 0)];
   if (memo < 0)
-    memo =
-      planner_.costs.allreduce_seconds(ring, planner_.costs.buckets(layers));
+    memo = planner_.costs.allreduce_seconds(
+      ring, planner_.costs.buckets(layers), zero1_replicas_ > 1);
   return memo;
 }
 
@@ -307,7 +308,7 @@ stage_two_result solve_one_group(planner::impl& impl, const replica_group& g,
   const int replica_count = static_cast<int>(g.replicas.size());
   if (batch % replica_count != 0)
     return out;
-  group_search search(impl, g, true);
+  group_search search(impl, g, true, static_cast<int>(g.replicas.size()));
   bool proven = true;
   auto best =
     solve_group(impl, search, batch / replica_count, bound, proven, out.nodes);
@@ -317,6 +318,7 @@ stage_two_result solve_one_group(planner::impl& impl, const replica_group& g,
   out.feasible = true;
   out.step_seconds = best.step;
   out.value.schedule = impl.pipeline_schedule;
+  out.value.zero1 = impl.job->plan.zero1 && g.replicas.size() > 1;
   add_replicas(impl, g, search, best, batch / replica_count, out.value);
   return out;
 }

@@ -420,6 +420,37 @@ TEST_F(actors_checkpoint, resume_from_two_replicas_equals_one_run) {
   expect_same_state(*latest("whole"), *latest("split"));
 }
 
+// ZeRO-1 (docs/checkpoints.md, "Sharded optimizer state"): the replicas
+// gather their shares of the moments for the save, so the checkpoint holds
+// every layer's whole state, bitwise that of an unsharded run; it resumes
+// on replicas cut elsewhere, sharded again, and on one unsharded replica.
+TEST_F(actors_checkpoint, zero1_saves_whole_state_and_resumes_on_other_plans) {
+  auto j = job_for_replicas("whole");
+  const plan two = replica_plan_of(*j,
+                                   {{{stage(0, 0, 3), stage(1, 3, 6)}, 4, 1},
+                                    {{stage(2, 0, 5), stage(3, 5, 6)}, 4, 1}},
+                                   "two replicas");
+  const auto whole = run(j, two, 4);
+
+  plan sharded = two, recut = two;
+  sharded.zero1 = recut.zero1 = true;
+  recut.replicas[0].stages = {stage(0, 0, 2), stage(1, 2, 6)};
+  recut.replicas[1].stages = {stage(2, 0, 4), stage(3, 4, 6)};
+  const auto split = stopped_and_resumed(sharded, recut);
+  EXPECT_EQ(split.losses, whole.losses); // bitwise
+  expect_same_parameters(split.params, whole.params);
+  expect_same_state(*latest("whole"), *latest("split"));
+
+  h2::remove_tree(root_ / "split");
+  const plan three = replica_plan_of(
+    *j, {{{stage(3, 0, 1), stage(1, 1, 3), stage(2, 3, 6)}, 4, 2}},
+    "three stages");
+  const auto unsharded = stopped_and_resumed(sharded, three);
+  EXPECT_EQ(unsharded.losses, whole.losses);
+  expect_same_parameters(unsharded.params, whole.params);
+  expect_same_state(*latest("whole"), *latest("split"));
+}
+
 // Two replicas of two micro-batches each add (a1 + a2) + (b1 + b2) where
 // one replica adds ((a1 + a2) + b1) + b2: not bitwise, within the bound.
 TEST_F(actors_checkpoint, two_replicas_of_two_micro_batches_within_bound) {

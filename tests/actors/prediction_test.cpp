@@ -204,25 +204,39 @@ TEST(actors_benefit, demo_auto_beats_the_best_manual_plan) {
 // the simulator models a ring as starting when its last member is ready
 // and running 2 (R - 1) steps as slow as its slowest link (exact for
 // uniform rings, an upper bound otherwise).
-TEST(actors_prediction, replicas_match_the_simulator) {
-  job_config job = example("hetero-4.toml");
+/// Plans up to `count` candidates of two replicas of `job` and runs them
+/// against their predictions.
+void check_two_replica_plans(const job_config& job, int count) {
   runtime::profiled_measurements m(job);
   scheduler::planner pl(job, m);
   int checked = 0;
   for (const auto& c : pl.stage_one()) {
-    if (c.replicas() != 2 || checked == 2)
+    if (c.replicas() != 2 || checked == count)
       continue;
     auto r = pl.stage_two(c);
     if (!r.feasible)
       continue;
     SCOPED_TRACE(c.description);
+    EXPECT_EQ(r.value.zero1, job.plan.zero1);
     auto predicted = pl.evaluate(r.value);
     auto o = run_and_compare(job, r.value, predicted, 0.10);
     std::printf("[ info ] %-40s predicted %.6g s, measured %.6g s\n",
                 c.description.c_str(), o.predicted_step, o.measured_step);
     ++checked;
   }
-  EXPECT_EQ(checked, 2);
+  EXPECT_EQ(checked, count);
+}
+
+TEST(actors_prediction, replicas_match_the_simulator) {
+  check_two_replica_plans(example("hetero-4.toml"), 2);
+}
+
+// ZeRO-1: the reduce-scatter ends the phase, each chip updates its share
+// and all-gathers the parameters; its peak keeps 1 / R of the moments.
+TEST(actors_prediction, zero1_replicas_match_the_simulator) {
+  job_config job = example("hetero-4.toml");
+  job.plan.zero1 = true;
+  check_two_replica_plans(job, 1);
 }
 
 } // namespace

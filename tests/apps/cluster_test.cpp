@@ -321,7 +321,18 @@ TEST_F(apps_cluster, replicas_on_two_nodes_equal_the_single_process_run) {
   auto r = train_plan(job, zb, "2", "zb");
   EXPECT_NE(r.out.find("zb-h1 schedule"), std::string::npos) << r.out;
   EXPECT_EQ(logged_losses(dir_ / "1.jsonl").size(), 4u);
-  for (const char* name : {"2", "zb"}) {
+  // ZeRO-1 over the two nodes (docs/planner.md, "Sharded optimizer
+  // state"): the gradients' reduce-scatter, the parameters' all-gather and
+  // the moments' gather for the checkpoint saved at the end cross them.
+  auto saving =
+    dir_.write("saving.toml", small_job + "\n[checkpoint]\ndir = \"" +
+                                (dir_ / "ck").string() + "\"\n");
+  auto zero1 = dir_.write("zero1.json", replaced(two_replica_plan, "\"1f1b\"",
+                                                 "\"1f1b\", \"zero1\": true"));
+  train_plan(saving, plan, "1", "whole");
+  std::filesystem::rename(dir_ / "ck", dir_ / "whole");
+  train_plan(saving, zero1, "2", "zero1");
+  for (const char* name : {"2", "zb", "zero1"}) {
     EXPECT_EQ(logged_losses(dir_ / "1.jsonl"),
               logged_losses(dir_ / (std::string(name) + ".jsonl")))
       << name;
@@ -329,6 +340,25 @@ TEST_F(apps_cluster, replicas_on_two_nodes_equal_the_single_process_run) {
                 read_text(dir_ / (std::string(name) + ".safetensors")))
       << name;
   }
+  // Every layer's state file holds the unsharded run's weights and whole
+  // moments (its header names another run).
+  auto tensors_of = [](const std::string& file) {
+    std::uint64_t header = 0;
+    std::memcpy(&header, file.data(), sizeof header); // little-endian
+    return file.substr(sizeof header + header);
+  };
+  int layer_files = 0;
+  for (const auto& e :
+       std::filesystem::recursive_directory_iterator(dir_ / "whole")) {
+    if (e.path().extension() != ".safetensors")
+      continue;
+    const auto twin =
+      dir_ / "ck" / std::filesystem::relative(e.path(), dir_ / "whole");
+    EXPECT_TRUE(tensors_of(read_text(e.path())) == tensors_of(read_text(twin)))
+      << twin;
+    ++layer_files;
+  }
+  EXPECT_EQ(layer_files, 6);
 }
 
 TEST_F(apps_cluster, interleaved_chunks_across_nodes_equal_one_process) {

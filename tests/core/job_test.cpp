@@ -342,8 +342,10 @@ TEST(core_job, manual_plan_and_chip_tables) {
           {"mode = \"even\"",
            "mode = \"manual\"\nschedule = \"gpipe\"\nstages = [\"1:0\", "
            "\"0:1\", \"0:0\"]\nlayers = [1, 2, 1]\nrecompute = [false, "
-           "\"1 block + attention\", true]"}}),
+           "\"1 block + attention\", true]\nzero1 = true"}}),
     "t");
+  EXPECT_TRUE(job.plan.zero1);
+  EXPECT_FALSE(parse_job(base_job, "t").plan.zero1);
   EXPECT_EQ(job.nodes.size(), 2u);
   EXPECT_EQ(job.nodes[1].rank, 1);
   EXPECT_EQ(job.nodes[1].chips[0].id, (chip_id{1, 0}));
@@ -696,6 +698,11 @@ const bad_job bad_jobs[] = {
    "",
    "plan.chunks_per_chip",
    {"1f1b runs one chunk per chip", "\"interleaved-1f1b\""}},
+  {"zero1_not_a_boolean",
+   {{"mode = \"even\"", "zero1 = \"yes\""}},
+   "",
+   "plan.zero1",
+   {"a boolean"}},
   {"recompute_wrong_count",
    {{"mode = \"even\"", "recompute = [true]"}},
    "",

@@ -44,6 +44,11 @@ TEST(core_plan, json_round_trip_is_equal) {
   }
   p.schedule = schedule_kind::one_f_one_b;
   EXPECT_EQ(plan_from_json(to_json(p), "plan.json"), p);
+  // ZeRO-1 is written only when on, so other plans' JSON is unchanged.
+  EXPECT_FALSE(json::parse(to_json(p)).contains("zero1"));
+  p.zero1 = true;
+  EXPECT_EQ(json::parse(to_json(p))["zero1"], true);
+  EXPECT_EQ(plan_from_json(to_json(p), "plan.json"), p);
 }
 
 TEST(core_plan, json_form) {
@@ -125,6 +130,8 @@ TEST(core_plan, from_json_errors_name_the_json_path) {
                   {"integer"});
   expect_rejected([](json& j) { j["schedule"] = "zb-v"; }, "p.json.schedule",
                   {"expected one of \"gpipe\", \"1f1b\", \"interleaved-1f1b\", \"zb-h1\""});
+  expect_rejected([](json& j) { j["zero1"] = "yes"; }, "p.json.zero1",
+                  {"expected true or false"});
   expect_rejected([](json& j) { j.erase("replicas"); }, "p.json.replicas",
                   {"missing required key"});
   expect_rejected([](json& j) { j["replicas"] = json::array(); },

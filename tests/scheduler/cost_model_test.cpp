@@ -164,6 +164,37 @@ TEST(scheduler_cost_model, stage_costs_sum_layers_and_recomputation) {
                                              layer_parameters(cfg, 4)));
 }
 
+// ZeRO-1 (docs/planner.md, "Sharded optimizer state"): of R replicas each
+// chip keeps 1 / R of the moments (8 bytes per parameter, a tied table's
+// excepted) and updates that share; the rest of the stage is unchanged.
+TEST(scheduler_cost_model, zero1_keeps_a_share_of_the_moments) {
+  auto cfg = small_gpt();
+  stage_coefficients c;
+  c.optimizer_block = 1;
+  c.optimizer_head = 0.5;
+  for (bool tied : {false, true}) {
+    cfg.tie_embeddings = tied;
+    c.memory_embedding =
+      layer_memory_of(cfg, layer_kind::embedding, 1, dtype::fp32);
+    c.memory_block = layer_memory_of(cfg, layer_kind::block, 1, dtype::fp32);
+    c.memory_head = layer_memory_of(cfg, layer_kind::head, 1, dtype::fp32);
+    const auto l = stage_layers::of(cfg, 1, 5); // three blocks and the head
+    const auto whole = c.cost(l, recompute_policy::none());
+    const double table = tied ? 8.0 * cfg.vocab_size * cfg.d_model : 0.0;
+    EXPECT_DOUBLE_EQ(whole.shardable_bytes, 2 * whole.gradient_bytes - table);
+    EXPECT_EQ(whole.sharded(1).static_bytes, whole.static_bytes);
+    const auto four = whole.sharded(4);
+    EXPECT_DOUBLE_EQ(whole.static_bytes - four.static_bytes,
+                     0.75 * whole.shardable_bytes);
+    EXPECT_DOUBLE_EQ(
+      four.optimizer_seconds,
+      3.5 * (2 * whole.gradient_bytes - 0.75 * whole.shardable_bytes) /
+        (2 * whole.gradient_bytes));
+    EXPECT_EQ(four.held_bytes, whole.held_bytes);
+    EXPECT_EQ(four.working_bytes, whole.working_bytes);
+  }
+}
+
 job_config two_node_job(const std::string& emulation,
                         const std::string& topology = "") {
   return parse_job(R"([model]

@@ -182,7 +182,7 @@ TEST(scheduler_stage_two_bounds, paths_never_exceed_the_optimum) {
       const int sequences = spec.global_batch / replicas;
       ++candidates;
       replicated += replicas > 1 ? 1 : 0;
-      group_search search(impl, g, true);
+      group_search search(impl, g, true, static_cast<int>(g.replicas.size()));
       for (int micro_batch_size : impl.micro_batch_sizes(sequences)) {
         search.setup(micro_batch_size, sequences);
         std::vector<std::vector<int>> assignments;
@@ -266,8 +266,12 @@ TEST(scheduler_stage_two_bounds, joint_options_never_exceed_the_step) {
       ASSERT_EQ(inbound.size(), 2u);
       std::vector<std::unique_ptr<group_search>> searches;
       std::vector<int> unit;
+      int replicas = 0;
+      for (const auto& g : c.groups)
+        replicas += static_cast<int>(g.replicas.size());
       for (const auto& g : c.groups) {
-        searches.push_back(std::make_unique<group_search>(impl, g, false));
+        searches.push_back(
+          std::make_unique<group_search>(impl, g, false, replicas));
         unit.push_back(static_cast<int>(g.replicas.size()));
       }
       // Every option of group i at `sequences` per replica.

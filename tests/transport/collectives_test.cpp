@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <set>
 #include <thread>
 
 namespace h2::transport {
@@ -15,10 +16,10 @@ namespace {
 
 using namespace std::chrono_literals;
 
-/// Runs the all-reduce on `inputs` (one per member) over in-process rings;
-/// returns every member's result.
-std::vector<at::Tensor> all_reduce(std::vector<at::Tensor> inputs,
-                                   allreduce_options options) {
+/// Runs `collective(data, rank, size, io)` on `inputs` (one per member)
+/// over in-process rings; returns every member's result.
+template <class F>
+std::vector<at::Tensor> on_ring(std::vector<at::Tensor> inputs, F collective) {
   const int size = static_cast<int>(inputs.size());
   // Channel i joins member i and member i + 1.
   std::vector<test::channel_pair> ring;
@@ -39,13 +40,21 @@ std::vector<at::Tensor> all_reduce(std::vector<at::Tensor> inputs,
         },
         [&](std::uint64_t tag) { return from_prev.recv(tag, 20s).tensor; },
         {}};
-      auto o = options;
-      o.weight = r + 1.0;
-      ring_allreduce(inputs[static_cast<std::size_t>(r)], r, size, o, io);
+      collective(inputs[static_cast<std::size_t>(r)], r, size, io);
     });
   for (auto& t : threads)
     t.join();
   return inputs;
+}
+
+std::vector<at::Tensor> all_reduce(std::vector<at::Tensor> inputs,
+                                   allreduce_options options) {
+  return on_ring(std::move(inputs),
+                 [&](at::Tensor& data, int r, int size, ring_io& io) {
+                   auto o = options;
+                   o.weight = r + 1.0;
+                   ring_allreduce(data, r, size, o, io);
+                 });
 }
 
 std::vector<at::Tensor> random_inputs(int size, std::int64_t n) {
@@ -114,6 +123,56 @@ TEST_P(transport_allreduce, bf16_on_the_wire) {
     EXPECT_TRUE(at::allclose(r, expected, 2e-2, 2e-2 * size));
     expect_bitwise_equal(r, results[0]);
   }
+}
+
+// ZeRO-1's halves (docs/planner.md, "Sharded optimizer state"): after the
+// reduce-scatter each member's owned share holds bitwise the all-reduce's
+// sum of it; all-gathering the owned shares gives every member the
+// all-reduce's result, in fp32 and with bf16 on the wire.
+TEST_P(transport_allreduce, reduce_scatter_then_allgather_is_the_allreduce) {
+  const int size = GetParam();
+  for (auto wire : {at::kFloat, at::kBFloat16}) {
+    allreduce_options o;
+    o.wire_dtype = wire;
+    const auto reduced = all_reduce(random_inputs(size, 1001), o);
+    const auto scattered =
+      on_ring(random_inputs(size, 1001),
+              [&](at::Tensor& data, int r, int n, ring_io& io) {
+                ring_reduce_scatter(data, r, n, o, io);
+              });
+    auto gathered = scattered;
+    for (auto& t : gathered)
+      t = t.clone();
+    gathered =
+      on_ring(gathered, [&](at::Tensor& data, int r, int n, ring_io& io) {
+        allreduce_options fp32;
+        ring_allgather(data, r, n, fp32, io, n - 1);
+      });
+    for (int r = 0; r < size; ++r) {
+      const auto s = ring_share_of(1001, owned_share(r, size), size);
+      expect_bitwise_equal(
+        scattered[static_cast<std::size_t>(r)].narrow(0, s.begin, s.length),
+        reduced[0].narrow(0, s.begin, s.length));
+      expect_bitwise_equal(gathered[static_cast<std::size_t>(r)], reduced[0]);
+    }
+  }
+}
+
+TEST(transport_ring_share, shares_tile_the_data_and_each_member_owns_one) {
+  for (int size : {1, 2, 3, 7})
+    for (std::int64_t n : {0, 1, 6, 1001}) {
+      std::int64_t next = 0;
+      std::set<int> owned;
+      for (int c = 0; c < size; ++c) {
+        const auto s = ring_share_of(n, c, size);
+        EXPECT_EQ(s.begin, next);
+        EXPECT_LE(s.length, n / size + 1);
+        next += s.length;
+        owned.insert(owned_share(c, size));
+      }
+      EXPECT_EQ(next, n);
+      EXPECT_EQ(owned.size(), static_cast<std::size_t>(size));
+    }
 }
 
 INSTANTIATE_TEST_SUITE_P(transport, transport_allreduce,

@@ -90,10 +90,10 @@ typename Inspector::result_type inspect(Inspector& f, link_charge& x) {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, chip_step_report& x) {
   return f(caf::meta::type_name("chip_step_report"), x.chip, x.replica, x.stage,
-           x.first_layer, x.layer_ids, x.layer_squared_norms, x.loss, x.start,
-           x.phase_end, x.forward_seconds, x.backward_seconds, x.idle_seconds,
-           x.memory, x.traffic, x.overruns, x.overrun_seconds, x.ops, x.layers,
-           x.links);
+           x.first_layer, x.layer_ids, x.layer_squared_norms, x.norm_shares,
+           x.loss, x.start, x.phase_end, x.forward_seconds, x.backward_seconds,
+           x.idle_seconds, x.memory, x.traffic, x.overruns, x.overrun_seconds,
+           x.ops, x.layers, x.links);
 }
 
 template <class Inspector>

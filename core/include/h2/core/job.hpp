@@ -182,6 +182,9 @@ struct plan_config {
   int chunks_per_chip = 1;
   /// True when the job file sets chunks_per_chip.
   bool chunks_given = false;
+  /// ZeRO-1 (docs/planner.md, "Sharded optimizer state"): with replicas,
+  /// each layer's AdamW moments are split across the chips that hold it.
+  bool zero1 = false;
 };
 
 struct metrics_config {

@@ -43,6 +43,11 @@ struct plan {
 
   schedule_kind schedule = schedule_kind::one_f_one_b;
   std::vector<replica_plan> replicas;
+  /// ZeRO-1 (docs/planner.md, "Sharded optimizer state"): the AdamW
+  /// moments of each reduction group are split across its members, each
+  /// updating its share and all-gathering the parameters. No effect with
+  /// one replica.
+  bool zero1 = false;
 
   bool operator==(const plan&) const = default;
 

@@ -26,6 +26,12 @@ struct parameter {
   bool decay = false;    ///< weight decay applies (matrices, not biases/norms)
   at::Tensor exp_avg;    ///< AdamW first moment (allocated on first step)
   at::Tensor exp_avg_sq; ///< AdamW second moment (allocated on first step)
+  /// ZeRO-1 (docs/planner.md, "Sharded optimizer state"): the moments are
+  /// flat, of elements [shard_offset, shard_offset + shard_length) of
+  /// `value` flattened, and AdamW updates only those. -1: not sharded, the
+  /// moments have value's shape.
+  std::int64_t shard_offset = 0;
+  std::int64_t shard_length = -1;
   /// The head's copy of a tied embedding (gpt_config::tie_embeddings): its
   /// gradient is summed with the embedding's, and it is not counted again
   /// in the global gradient norm.

@@ -87,7 +87,9 @@ at::Tensor cross_entropy_sum(const at::Tensor& logits,
 
 /// One AdamW update of `p` (PyTorch's AdamW: decoupled weight decay when
 /// p.decay), `step` 1-based, the gradient first multiplied by `grad_scale`.
-/// Moments are allocated on first use, beside the weight.
+/// Moments are allocated on first use, beside the weight. A sharded
+/// parameter (parameter::shard_length, ZeRO-1) updates only its share, with
+/// moments of that share (empty ones for an empty share).
 void adamw(parameter& p, const train_config& train, double lr, int step,
            double grad_scale);
 

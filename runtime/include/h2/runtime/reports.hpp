@@ -109,6 +109,9 @@ struct chip_step_report {
   std::vector<std::int32_t> layer_ids;
   /// Squared gradient norm of each of the chip's layers, as layer_ids.
   std::vector<double> layer_squared_norms;
+  /// Under ZeRO-1 the norms are of the chip's shares: grad_norm_of sums
+  /// them over the replicas (else it takes replica 0's).
+  bool norm_shares = false;
   /// Sum of the scaled micro-batch losses (last stage only): this replica's
   /// share of the step's mean token loss.
   double loss = 0;

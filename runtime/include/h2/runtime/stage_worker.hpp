@@ -17,6 +17,7 @@
 #include "h2/runtime/watchdog.hpp"
 #include "h2/scheduler/schedule.hpp"
 #include "h2/transport/channel.hpp"
+#include "h2/transport/collectives.hpp"
 
 #include <map>
 #include <memory>
@@ -70,6 +71,9 @@ struct worker_setup {
   std::map<chip_id, peer_link> peers;
   /// Gradient reductions across replicas (none with one replica).
   std::vector<reduction_assignment> reductions;
+  /// ZeRO-1 (plan::zero1, with replicas): each reduction shards the
+  /// AdamW state of its layers across the ring.
+  bool zero1 = false;
   /// What the channels in `peers` take from their peers, for this plan
   /// (channel_limits_of): the worker sets them on its channels.
   transport::channel_limits limits;
@@ -234,6 +238,32 @@ private:
   /// Sums this chip's gradients with its replicas' (ring all-reduce, bucket
   /// by bucket).
   void reduce_gradients(std::int64_t step, op_context& ctx);
+  /// A reduction group's parameters held here, in the model's order (the
+  /// order its buckets are cut in).
+  std::vector<model::parameter*>
+  parameters_of(const reduction_assignment& red) const;
+  /// Calls `f(params, bucket, reduction, ring_io)` for every bucket of
+  /// every reduction group (stage_worker_reduce.cpp), with `options`'
+  /// group and bucket set for its tags.
+  template <class F>
+  void for_each_bucket(op_context& ctx, transport::allreduce_options& options,
+                       F&& f);
+  /// Under ZeRO-1 (constructor): each parameter's share of its group
+  /// (optimizer_shards.hpp), but for a tied embedding's table and its copy,
+  /// which tie_gradients sums after the reduction: their gradients are
+  /// all-reduced whole and their moments stay whole.
+  void shard_optimizer_state();
+  /// Each layer's squared gradient norm, in layer order; under ZeRO-1 of
+  /// the chip's shares (and of the whole parameters on replica 0), which
+  /// grad_norm_of sums over the replicas.
+  std::vector<double> squared_norms() const;
+  /// Under ZeRO-1, after the update: each member's updated share of every
+  /// bucket to the whole ring, so every replica holds the same parameters.
+  void gather_parameters(std::int64_t step, op_context& ctx);
+  /// Under ZeRO-1: the whole moments of the chip's sharded parameters,
+  /// gathered from their rings bucket by bucket into host memory, by
+  /// tensor name (snapshot_layer). Every member of the rings takes part.
+  std::map<std::string, state_tensor> gather_moments(op_context& ctx);
   /// With tied embeddings, after reduce_gradients: the embedding's and the
   /// head's copy take the sum of their gradients, exchanged between the
   /// replica's two chips (one chip holding both sums in place).
@@ -255,6 +285,8 @@ private:
   layer_work attention_work_;
   std::chrono::duration<double> timeout_;
   double loss_scale_ = 1; ///< 1 / tokens of the global batch
+  /// The step of the last update (tags of snapshot_layer's gathers).
+  std::int64_t last_step_ = 0;
   double throttle_ = 1;
   bool hang_ = false;
   /// Each layer's share of the chip's forward (backward) time: its

@@ -48,6 +48,10 @@ struct layer_memory {
   /// Temporaries of the layer's AdamW update (a few copies of its largest
   /// tensor).
   double optimizer_working_bytes = 0;
+  /// Of static_bytes, the AdamW moments ZeRO-1 splits across replicas: 8
+  /// bytes per parameter, a tied embedding's table excepted (its moments
+  /// stay whole on both of its chips).
+  double shardable_bytes = 0;
   /// Blocks: of activation_bytes, what the attention core keeps beyond its
   /// inputs q, k and v (the softmax probabilities): what attention
   /// recomputation saves per micro-batch, and rebuilds in the backward.
@@ -107,7 +111,15 @@ struct stage_cost {
   double reduction_working_bytes = 0;
   /// fp32 gradients of the stage (what an all-reduce moves).
   double gradient_bytes = 0;
+  /// Of static_bytes, the moments ZeRO-1 shards (layer_memory).
+  double shardable_bytes = 0;
   recompute_policy recompute;
+
+  /// The stage under ZeRO-1 with `replicas` members in each of its
+  /// reduction groups: each keeps 1 / replicas of the shardable moments and
+  /// updates that share (the all-gather of the parameters is in
+  /// cost_model::allreduce_seconds). Unchanged for one replica.
+  stage_cost sharded(int replicas) const noexcept;
 
   /// Peak bytes with `in_flight` micro-batches held: static + max(held x
   /// in_flight + working, optimizer working, and with `reduced` (the plan
@@ -136,11 +148,13 @@ struct stage_coefficients {
   /// `in_flight` micro-batches: none, the attention cores, the fewest whole
   /// blocks (with or without the other attention cores), the whole stage.
   /// nullopt when nothing `levels` allows fits. `reduced`: the plan has
-  /// replicas (stage_cost::peak_bytes).
+  /// replicas (stage_cost::peak_bytes); `zero1_replicas` > 1: the stage's
+  /// optimizer state is sharded that many ways (stage_cost::sharded).
   std::optional<stage_cost> fitting(const stage_layers& layers, int in_flight,
                                     double capacity_bytes,
                                     recompute_levels levels,
-                                    bool reduced = false) const;
+                                    bool reduced = false,
+                                    int zero1_replicas = 1) const;
 };
 
 /// The cost model of one job: its chips, their measurements (memoised), the
@@ -189,14 +203,17 @@ public:
   /// Seconds of the all-reduce of `buckets` (fp32 bytes) over a ring with
   /// `links`: per bucket 2 (R - 1) ring steps, each moving a 1/R share in
   /// the wire dtype (transport.reduce_dtype) over every edge at once, as
-  /// slow as the slowest edge. 0 for a ring of one.
+  /// slow as the slowest edge. 0 for a ring of one. `zero1`: the second
+  /// half gathers the updated fp32 parameters instead of the gradients.
   double allreduce_seconds(const std::vector<link_figures>& links,
-                           const std::vector<double>& buckets) const;
+                           const std::vector<double>& buckets,
+                           bool zero1 = false) const;
 
   /// The all-reduce of the gradients of layers [first_layer, end_layer)
   /// over `ring`.
   double allreduce_seconds(const std::vector<const chip_spec*>& ring,
-                           int first_layer, int end_layer) const;
+                           int first_layer, int end_layer,
+                           bool zero1 = false) const;
 
   /// How many measurements were taken so far.
   std::size_t measurements_taken() const noexcept {

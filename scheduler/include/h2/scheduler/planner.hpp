@@ -104,6 +104,7 @@ struct replica_prediction {
 /// A plan's prediction and why it is what it is.
 struct plan_report {
   schedule_kind schedule = schedule_kind::one_f_one_b;
+  bool zero1 = false; ///< plan::zero1 with replicas: moments sharded
   double step_seconds = 0;
   double pipeline_seconds = 0;
   double allreduce_seconds = 0;

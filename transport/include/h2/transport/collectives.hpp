@@ -50,12 +50,41 @@ std::uint64_t collective_tag(std::int64_t step, int group, int bucket,
 /// chips, which no reduction ring joins).
 inline constexpr int tied_embedding_group = 4095;
 
+/// Elements [begin, begin + length) of a flat tensor of `numel` elements:
+/// share `c` of `size` near-equal contiguous shares (the first numel mod
+/// size shares one longer), as the ring cuts its data.
+struct ring_share {
+  std::int64_t begin = 0;
+  std::int64_t length = 0;
+};
+ring_share ring_share_of(std::int64_t numel, int c, int size);
+
+/// The share member `rank` of `size` holds the whole sum of after
+/// ring_reduce_scatter, and passes on first in ring_allgather.
+int owned_share(int rank, int size) noexcept;
+
+/// The first half of ring_allreduce, in place: after it member `rank` holds
+/// the finished sum (weighted, and rounded to the wire dtype like the
+/// all-reduce's) of share owned_share(rank, size) of `data`; the other
+/// shares hold partial sums. Ring steps 0 to size - 2 of the tags.
+void ring_reduce_scatter(at::Tensor& data, int rank, int size,
+                         const allreduce_options& options, ring_io& io);
+
+/// The second half of ring_allreduce, in place: every member passes on
+/// share owned_share(rank, size) of `data` until all hold every member's
+/// share. Ring steps first_ring_step to first_ring_step + size - 2 of the
+/// tags (ring_allreduce: size - 1).
+void ring_allgather(at::Tensor& data, int rank, int size,
+                    const allreduce_options& options, ring_io& io,
+                    int first_ring_step);
+
 /// Ring all-reduce, in place, of the contiguous fp32 tensor `data` among
 /// `size` members; this one is `rank`. Reduce-scatter, then all-gather:
 /// 2 (size - 1) steps, each moving a 1/size share to the next member. Each
 /// share is summed by one member in a fixed order and then copied to all, so
-/// every member ends with bitwise the same result. Throws whatever `io`
-/// throws (a transport_error when a neighbour is gone).
+/// every member ends with bitwise the same result (ring_reduce_scatter,
+/// then ring_allgather). Throws whatever `io` throws (a transport_error
+/// when a neighbour is gone).
 void ring_allreduce(at::Tensor& data, int rank, int size,
                     const allreduce_options& options, ring_io& io);
 
