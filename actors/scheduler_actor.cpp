@@ -126,12 +126,10 @@ std::vector<stage_plan> saving_chunks(self_ptr self) {
   return out;
 }
 
-/// The chips a snapshot asks, the first ones of ctx.chips (plan_chips()
-/// order): replica 0's, which hold every layer's state; under ZeRO-1 every
-/// chip, as each gathers its share of the moments with its ring (replica
-/// 0's come back with the layers, the others with none).
+/// The chips a snapshot asks (the first of ctx.chips): replica 0's; under
+/// ZeRO-1 all, each gathering its moments with its rings.
 std::size_t snapshot_chips(const run_context& ctx) {
-  return ctx.the_plan.zero1
+  return ctx.the_plan.shards_optimizer()
            ? ctx.chips.size()
            : replica_chips(ctx.the_plan.replicas.front()).size();
 }

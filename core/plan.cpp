@@ -288,6 +288,13 @@ void validate_plan(const plan& p, const job_config& job,
                    const std::string& origin) {
   std::set<chip_id> used; // by earlier replicas
   const int layers = job.model.num_layers();
+  // A snapshot's gathers of the moments use ring steps up to 4 (R - 1) - 1
+  // of the collective tags' 4096 (transport/collectives.hpp).
+  if (p.shards_optimizer() && p.replicas.size() > plan::max_zero1_replicas)
+    throw config_error(
+      origin + ".zero1",
+      "ZeRO-1 shards over at most " + std::to_string(plan::max_zero1_replicas) +
+        " replicas, the plan has " + std::to_string(p.replicas.size()));
   for (std::size_t ri = 0; ri < p.replicas.size(); ++ri) {
     auto& r = p.replicas[ri];
     std::string rpath = origin + ".replicas[" + std::to_string(ri) + "]";

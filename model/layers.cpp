@@ -24,9 +24,11 @@ std::int64_t layer::parameter_count() const {
 
 at::Tensor& layer::add(std::string name, at::Tensor value, bool decay) {
   value.set_requires_grad(true);
-  params_.push_back(
-    parameter{std::move(name), std::move(value), decay, {}, {}, false});
-  return params_.back().value;
+  parameter& p = params_.emplace_back();
+  p.name = std::move(name);
+  p.value = std::move(value);
+  p.decay = decay;
+  return p.value;
 }
 
 namespace detail {

@@ -210,7 +210,7 @@ make_worker_setups(const std::shared_ptr<const job_config>& job,
         w.peers[red.prev] = {};
         w.reductions.push_back(red);
       }
-      w.zero1 = p.zero1 && !w.reductions.empty();
+      w.zero1 = p.shards_optimizer();
       out.push_back(std::move(w));
     }
     first_sequence += r.sequences();
@@ -437,13 +437,13 @@ chip_update_report stage_worker::apply_update(const update_command& cmd) {
     r.chip = device_->id();
     r.optimizer_seconds = device_->complete_op(w0, predicted);
     end_op();
-    r.op = {recorded_op::optimizer, 0, t0, clock.now(),
-            clock.virtual_now() - v0};
     last_step_ = cmd.step;
-    if (setup_.zero1) {
+    if (setup_.zero1) { // inside the op, as in the simulator
       op_context ctx(chunks_.size(), setup_.micro_batches);
       gather_parameters(cmd.step, ctx);
     }
+    r.op = {recorded_op::optimizer, 0, t0, clock.now(),
+            clock.virtual_now() - v0};
     r.end = clocks();
     r.memory = memory_now();
     return r;

@@ -71,6 +71,15 @@ void unflatten(const at::Tensor& flat, const std::vector<model::parameter*>& ps,
   }
 }
 
+/// True when bucket `b` of `params` holds a sharded parameter.
+bool has_shares(const std::vector<model::parameter*>& params,
+                const gradient_bucket& b) {
+  for (std::size_t i = b.first; i < b.end; ++i)
+    if (params[i]->shard_length >= 0)
+      return true;
+  return false;
+}
+
 /// Gathers the moments of the sharded parameters of bucket `b` over the
 /// ring into host copies, by tensor name, into `out`.
 void gather_bucket_moments(const devices::device_context& device,
@@ -224,12 +233,15 @@ std::vector<double> stage_worker::squared_norms() const {
 void stage_worker::gather_parameters(std::int64_t step, op_context& ctx) {
   transport::allreduce_options options; // fp32: the master weights
   options.step = step;
-  // Parameters kept whole are updated alike everywhere: passing their
-  // owner's share on changes nothing.
   for_each_bucket(ctx, options,
                   [&](const std::vector<model::parameter*>& params,
                       const gradient_bucket& b, const reduction_assignment& red,
                       transport::ring_io& io) {
+                    // A bucket of whole parameters (all-reduced, updated
+                    // alike everywhere) has nothing to gather; in a mixed
+                    // one a whole parameter's owner share changes nothing.
+                    if (!has_shares(params, b))
+                      return;
                     at::Tensor flat = flatten(params, b, false);
                     // The ring steps the reduce-scatter's all-reduce would have
                     // used.
@@ -250,12 +262,10 @@ stage_worker::gather_moments(op_context& ctx) {
                       transport::ring_io& io) {
                     // Every member updated (or restored) the same buckets; a
                     // bucket of whole parameters only has nothing to gather.
-                    bool sharded = false, updated = false;
-                    for (std::size_t i = b.first; i < b.end; ++i) {
-                      sharded = sharded || params[i]->shard_length >= 0;
+                    bool updated = false;
+                    for (std::size_t i = b.first; i < b.end; ++i)
                       updated = updated || params[i]->exp_avg.defined();
-                    }
-                    if (sharded && updated)
+                    if (has_shares(params, b) && updated)
                       gather_bucket_moments(*device_, params, b, options, io,
                                             red.rank, red.size, out);
                   });

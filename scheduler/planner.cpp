@@ -107,7 +107,7 @@ simulation planner::impl::simulate_plan(const plan& p, bool timeline) {
 plan_report planner::impl::report_of(const plan& p, simulation sim) {
   plan_report rep;
   rep.schedule = p.schedule;
-  rep.zero1 = p.zero1 && p.replicas.size() > 1;
+  rep.zero1 = p.shards_optimizer();
   rep.step_seconds = sim.step_seconds;
   rep.pipeline_seconds = sim.pipeline_seconds;
   rep.allreduce_seconds = sim.allreduce_seconds;

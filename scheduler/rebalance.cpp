@@ -67,11 +67,14 @@ struct within_result {
   std::optional<planned> best;
 };
 
-within_result search_within(const job_config& job, chip_measurements& m,
+within_result search_within(const job_config& job_file, chip_measurements& m,
                             const plan& current, planner_options options) {
   options.chips = plan_chips(current);
   options.schedule = current.schedule;
   options.suggest_changes = false;
+  // The running plan's ZeRO-1, whatever the job file says.
+  job_config job = job_file;
+  job.plan.zero1 = current.zero1;
   planner pl(job, m, options);
   bool chunks = false;
   for (const auto& r : current.replicas)
@@ -252,7 +255,6 @@ void live_calibration::add_compute(chip_state& cs, const chip_spec& spec,
 void live_calibration::add(const plan& current,
                            const step_observations& observations) {
   ++steps_;
-  const auto& cfg = job_->model;
   for (const auto& o : observations.chips) {
     const auto place = place_of(current, o.chip);
     H2_ENFORCE(place.replica >= 0, "step ", observations.step, ": chip ",
@@ -273,11 +275,18 @@ void live_calibration::add(const plan& current,
                  o.layers.size(), " layers, its stages hold ", layers);
       add_compute(cs, *spec, rep, chunks, current.schedule, o.layers);
     }
+    // Under ZeRO-1 the chip updates and holds its share of the moments.
+    const int zero1 = current.shards_optimizer()
+                        ? static_cast<int>(current.replicas.size())
+                        : 1;
     if (o.optimizer_seconds > 0) {
       double predicted = 0;
       for (const auto* st : chunks)
-        for (int l = st->first_layer; l < st->end_layer; ++l)
-          predicted += profiled().optimizer(*spec, kind_of_layer(cfg, l));
+        predicted += costs_
+                       .stage(*spec, st->first_layer, st->end_layer,
+                              rep.micro_batch_size, st->recompute)
+                       .sharded(zero1)
+                       .optimizer_seconds;
       if (usable(o.optimizer_seconds, predicted))
         cs.optimizer.add(o.optimizer_seconds / predicted);
     }
@@ -291,8 +300,10 @@ void live_calibration::add(const plan& current,
         in_flight_bound(current.schedule, layout, position, rep.micro_batches);
       double static_bytes = 0, held = 0, working = 0, optimizer = 0;
       for (const auto* st : chunks) {
-        const auto c = costs_.stage(*spec, st->first_layer, st->end_layer,
-                                    rep.micro_batch_size, st->recompute);
+        const auto c = costs_
+                         .stage(*spec, st->first_layer, st->end_layer,
+                                rep.micro_batch_size, st->recompute)
+                         .sharded(zero1);
         static_bytes += c.static_bytes;
         held = std::max(held, c.held_bytes);
         working = std::max(working, c.working_bytes);

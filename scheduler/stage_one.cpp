@@ -62,10 +62,14 @@ std::vector<pipeline_candidate> planner::impl::stage_one() {
   std::vector<pipeline_candidate> out;
 
   // The model's weights, gradients and moments: a replica whose chips hold
-  // less cannot fit whatever its partition.
+  // less cannot fit whatever its partition (under ZeRO-1 at least 8 bytes
+  // per parameter and the moments shared by as many replicas as can be).
+  const double per_parameter =
+    job->plan.zero1 ? 8.0 + 8.0 / std::max(1, max_r) : 16.0;
   double model_static = 0;
   for (int l = 0; l < L; ++l)
-    model_static += 16.0 * static_cast<double>(layer_parameters(job->model, l));
+    model_static +=
+      per_parameter * static_cast<double>(layer_parameters(job->model, l));
   auto replica_may_fit = [&](const std::vector<int>& rep) {
     double cap = 0;
     for (int c : rep)

@@ -86,8 +86,12 @@ dir = ")" + root.string() + R"("
   // Every message a forger could address to the scheduler, for every step:
   // failed and finished saves, records of every layer (and a failed write),
   // admin polls (this run has no [admin]: no inbox), a second run.
-  std::atomic<bool> training{true};
+  // The forger starts once the run's own train request is sent: its second
+  // run must find the scheduler running, not start first.
+  std::atomic<bool> training{true}, requested{false};
   std::thread rogue([&] {
+    while (!requested.load())
+      std::this_thread::sleep_for(1ms);
     caf::scoped_actor forger{system};
     std::vector<runtime::file_record> every_layer;
     for (int l = 0; l < layers; ++l)
@@ -113,10 +117,11 @@ dir = ")" + root.string() + R"("
   {
     caf::scoped_actor self{system};
     // A hang guard only: the run takes seconds.
-    self->request(scheduler, std::chrono::seconds(300), actors::train_atom::value,
-                  job->train.steps)
-      .receive([&](runtime::run_summary& s) { summary = s; },
-               [&](caf::error& e) { failed = actors::to_failure(e); });
+    auto run = self->request(scheduler, std::chrono::seconds(300),
+                             actors::train_atom::value, job->train.steps);
+    requested.store(true);
+    run.receive([&](runtime::run_summary& s) { summary = s; },
+                [&](caf::error& e) { failed = actors::to_failure(e); });
     training.store(false);
     rogue.join();
     for (auto& chip : ctx->chips)

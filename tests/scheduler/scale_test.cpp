@@ -2,7 +2,8 @@
 // super-linear ratio of examples/superlinear.toml and cluster-1024.toml
 // (docs/planner.md, "The super-linear ratio"; docs/benchmarks.md has the
 // figures), every chip of the 64-chip cut placed or its idleness
-// explained, and the 10,240-chip example as the scale benchmark plans it.
+// explained, the 10,240-chip example as the scale benchmark plans it, and
+// the wall-clock twin of cluster-1024 bound as cluster-1024 is.
 // The chips are profiled as h2-plan profiles them.
 #include "h2/runtime/auto_plan.hpp"
 #include "h2/scheduler/compare.hpp"
@@ -51,6 +52,19 @@ TEST(scheduler_scale, cluster_1024_keeps_its_documented_ratio) {
   EXPECT_GE(compared(job).super_linear_ratio, 1.04);
   job.plan.zero1 = false;
   EXPECT_GE(compared(job).super_linear_ratio, 0.96);
+}
+
+// examples/twin-1024.toml stands in for cluster-1024 on the wall clock
+// (bench_twin): every kind alone is bound first by its bubble, then by
+// memory, as at 1,024 chips (docs/planner.md, "The wall-clock twin").
+TEST(scheduler_scale, the_twin_binds_as_cluster_1024) {
+  const auto c = compared(example("twin-1024.toml"));
+  ASSERT_EQ(c.homogeneous.size(), 4u);
+  for (const auto& h : c.homogeneous) {
+    EXPECT_EQ(h.binding.rfind("bubble", 0), 0u) << h.name << ": " << h.binding;
+    EXPECT_NE(h.binding.find("memory ("), std::string::npos) << h.name;
+  }
+  EXPECT_GT(c.super_linear_ratio, 1.0);
 }
 
 TEST(scheduler_scale, the_64_chip_cut_places_every_chip_or_says_why) {

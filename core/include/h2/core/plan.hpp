@@ -51,6 +51,14 @@ struct plan {
 
   bool operator==(const plan&) const = default;
 
+  /// The most replicas ZeRO-1 shards over (validate_plan).
+  static constexpr std::size_t max_zero1_replicas = 1024;
+
+  /// ZeRO-1 in effect: zero1 with more than one replica.
+  bool shards_optimizer() const noexcept {
+    return zero1 && replicas.size() > 1;
+  }
+
   /// Sequences per step over all replicas.
   int global_batch() const noexcept;
 };

@@ -235,8 +235,10 @@ private:
   at::Tensor receive(const chip_id& peer, std::uint64_t tag, op_context& ctx,
                      int micro_batch);
   void send(const chip_id& peer, std::uint64_t tag, const at::Tensor& t);
-  /// Sums this chip's gradients with its replicas' (ring all-reduce, bucket
-  /// by bucket).
+  /// Sums this chip's gradients with its replicas', bucket by bucket: a
+  /// ring all-reduce, or under ZeRO-1 the reduce-scatter that leaves the
+  /// chip its share's sums (a bucket with a parameter kept whole is still
+  /// all-reduced).
   void reduce_gradients(std::int64_t step, op_context& ctx);
   /// A reduction group's parameters held here, in the model's order (the
   /// order its buckets are cut in).
@@ -285,7 +287,7 @@ private:
   layer_work attention_work_;
   std::chrono::duration<double> timeout_;
   double loss_scale_ = 1; ///< 1 / tokens of the global batch
-  /// The step of the last update (tags of snapshot_layer's gathers).
+  /// The step of the last update (the tags of gather_moments).
   std::int64_t last_step_ = 0;
   double throttle_ = 1;
   bool hang_ = false;
