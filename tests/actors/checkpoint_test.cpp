@@ -400,19 +400,30 @@ TEST_F(actors_checkpoint, resume_on_two_replicas_equals_one_run) {
   expect_same_state(*latest("whole"), *latest("split"));
 }
 
+/// Two replicas of one micro-batch of 4, cut [3, 3] on chips 0:0, 0:1 and
+/// [5, 1] on chips 0:2, 0:3.
+plan two_replicas(const job_config& job) {
+  return replica_plan_of(job,
+                         {{{stage(0, 0, 3), stage(1, 3, 6)}, 4, 1},
+                          {{stage(2, 0, 5), stage(3, 5, 6)}, 4, 1}},
+                         "two replicas");
+}
+
+/// One replica of three chips [1, 2, 3], two micro-batches of 4.
+plan three_stages(const job_config& job) {
+  return replica_plan_of(
+    job, {{{stage(3, 0, 1), stage(1, 1, 3), stage(2, 3, 6)}, 4, 2}},
+    "three stages");
+}
+
 TEST_F(actors_checkpoint, resume_from_two_replicas_equals_one_run) {
   auto j = job_for_replicas("whole");
-  const plan two = replica_plan_of(*j,
-                                   {{{stage(0, 0, 3), stage(1, 3, 6)}, 4, 1},
-                                    {{stage(2, 0, 5), stage(3, 5, 6)}, 4, 1}},
-                                   "two replicas");
+  const plan two = two_replicas(*j);
   const auto whole = run(j, two, 4);
 
   // Saved under two replicas on four chips, resumed on one replica of
   // three chips [1, 2, 3].
-  const plan three = replica_plan_of(
-    *j, {{{stage(3, 0, 1), stage(1, 1, 3), stage(2, 3, 6)}, 4, 2}},
-    "three stages");
+  const plan three = three_stages(*j);
   const auto split = stopped_and_resumed(two, three);
 
   EXPECT_EQ(split.losses, whole.losses); // bitwise
@@ -420,16 +431,13 @@ TEST_F(actors_checkpoint, resume_from_two_replicas_equals_one_run) {
   expect_same_state(*latest("whole"), *latest("split"));
 }
 
-// ZeRO-1 (docs/checkpoints.md, "Sharded optimizer state"): the replicas
+// ZeRO-1 (docs/planner.md, "Sharded optimizer state"): the replicas
 // gather their shares of the moments for the save, so the checkpoint holds
 // every layer's whole state, bitwise that of an unsharded run; it resumes
 // on replicas cut elsewhere, sharded again, and on one unsharded replica.
 TEST_F(actors_checkpoint, zero1_saves_whole_state_and_resumes_on_other_plans) {
   auto j = job_for_replicas("whole");
-  const plan two = replica_plan_of(*j,
-                                   {{{stage(0, 0, 3), stage(1, 3, 6)}, 4, 1},
-                                    {{stage(2, 0, 5), stage(3, 5, 6)}, 4, 1}},
-                                   "two replicas");
+  const plan two = two_replicas(*j);
   const auto whole = run(j, two, 4);
 
   plan sharded = two, recut = two;
@@ -442,9 +450,7 @@ TEST_F(actors_checkpoint, zero1_saves_whole_state_and_resumes_on_other_plans) {
   expect_same_state(*latest("whole"), *latest("split"));
 
   h2::remove_tree(root_ / "split");
-  const plan three = replica_plan_of(
-    *j, {{{stage(3, 0, 1), stage(1, 1, 3), stage(2, 3, 6)}, 4, 2}},
-    "three stages");
+  const plan three = three_stages(*j);
   const auto unsharded = stopped_and_resumed(sharded, three);
   EXPECT_EQ(unsharded.losses, whole.losses);
   expect_same_parameters(unsharded.params, whole.params);
