@@ -4,9 +4,8 @@
 #include "h2/actors/errors.hpp"
 #include "h2/actors/messages.hpp"
 #include "h2/runtime/admin.hpp"
-#include "h2/runtime/rebalancing.hpp"
+#include "h2/runtime/run_controller.hpp"
 #include "h2/runtime/step_control.hpp"
-#include "h2/scheduler/plan_builder.hpp"
 
 #include <caf/actor_cast.hpp>
 #include <caf/actor_system.hpp>
@@ -30,8 +29,8 @@ struct scheduler_state {
 
   std::shared_ptr<run_context> ctx;
   caf::response_promise done;
-  int steps = 0;
-  int step = 0;
+  /// Where the run stands and what each boundary does (made by train).
+  std::optional<runtime::run_controller> control;
   double virtual_barrier = 0;
   std::optional<runtime::run_totals> totals;
   int saved_step = -1; ///< the step of the last checkpoint started here
@@ -48,34 +47,10 @@ struct scheduler_state {
   /// What waits for `saving` to end (the next save, or the run's end).
   std::function<void()> after_save;
 
-  /// Live rebalancing (docs/rebalance.md): the policy, when the job
-  /// rebalances by its own decision or takes admin commands.
-  std::unique_ptr<runtime::rebalancer> rebalancer;
-  /// A plan to move to before the next step, and why.
-  struct pending_plan {
-    plan value;
-    std::string reason;
-    double before_seconds = 0;
-    double after_seconds = 0;
-
-    /// What the policy proposed (its plan, reason and predictions).
-    static pending_plan of(const scheduler::rebalance_proposal& p) {
-      return {p.value, p.reason, p.before_seconds, p.after_seconds};
-    }
-  };
-  std::optional<pending_plan> pending;
-  int generation = 0;         ///< plans adopted since the start
-  std::size_t next_drill = 0; ///< index into job.drills
-  /// Speed changes due before the next step ([[drills]], h2-admin
-  /// throttle), and each chip's factor once applied.
-  std::vector<drill> due_drills;
-  std::map<chip_id, double> throttles;
-
-  // h2-admin (docs/admin.md).
-  bool paused = false;
-  std::function<void()> held; ///< the next step, while paused
-  bool checkpoint_requested = false;
-  double last_step_seconds = 0;
+  /// The held step boundary while paused (h2-admin pause), and whether a
+  /// hold tick (a look at the stop flag) is on its way.
+  std::function<void()> held;
+  bool ticking = false;
 };
 
 namespace {
@@ -84,8 +59,9 @@ using self_ptr = caf::stateful_actor<scheduler_state>*;
 
 using clock = std::chrono::steady_clock;
 
-/// How often the scheduler looks for admin commands (docs/admin.md).
-constexpr std::chrono::milliseconds admin_poll_interval{50};
+/// How often a paused scheduler looks at the stop flag (a signal sets it
+/// from outside the actor system).
+constexpr std::chrono::milliseconds hold_tick{100};
 
 double seconds_since(clock::time_point t) {
   return std::chrono::duration<double>(clock::now() - t).count();
@@ -231,7 +207,8 @@ void save_checkpoint(self_ptr self, std::function<void()> then,
                      double waited = 0) {
   auto& st = self->state;
   auto& ctx = *st.ctx;
-  if (!ctx.checkpoints || st.step == st.saved_step) {
+  const int step = st.control->step();
+  if (!ctx.checkpoints || step == st.saved_step) {
     then();
     return;
   }
@@ -243,16 +220,17 @@ void save_checkpoint(self_ptr self, std::function<void()> then,
     return;
   }
   const auto start = clock::now();
-  st.saved_step = st.step;
+  st.saved_step = step;
   auto id = runtime::identity_of(ctx.manifest);
-  id.step = st.step;
+  id.step = step;
   try {
     runtime::prepare_checkpoint_dir(ctx.checkpoints->root(), id);
   } catch (...) {
     fail(self, current_exception_error());
     return;
   }
-  st.saving = scheduler_state::save_in_progress{st.step, {}, waited, waited};
+  st.saving = scheduler_state::save_in_progress{step, {}, waited, waited};
+  st.control->save_started();
   const auto owners = snapshot_chips(ctx);
   gather_first<std::int32_t>(
     self, owners,
@@ -301,6 +279,7 @@ void on_saved(self_ptr self, std::int64_t step) {
     return;
   const auto done = std::move(*st.saving);
   st.saving.reset();
+  st.control->save_ended();
   if (st.ctx->observer != nullptr)
     st.ctx->observer->on_checkpoint(static_cast<int>(step),
                                     done.waited_seconds, done.stall_seconds);
@@ -325,27 +304,20 @@ void on_updates(self_ptr self, const runtime::update_decision& decision,
   const job_config& job = *st.ctx->job;
   const auto& cmd = decision.command;
   auto summary = runtime::summarize_step(
-    st.step, job.emulation.clock, job.tokens_per_step(), cmd.lr,
+    st.control->step(), job.emulation.clock, job.tokens_per_step(), cmd.lr,
     decision.grad_norm, cmd.clip_coefficient, steps, updates);
   st.virtual_barrier = summary.virtual_end;
   st.totals->add(summary, updates, job.tokens_per_step());
-  st.last_step_seconds = summary.step_seconds;
   if (st.ctx->observer != nullptr)
     st.ctx->observer->on_step(summary);
-  if (st.rebalancer) {
-    try {
-      auto proposal = st.rebalancer->policy().observe(
-        runtime::observations_of(st.step, steps, updates));
-      if (proposal)
-        st.pending = scheduler_state::pending_plan::of(*proposal);
-    } catch (...) {
-      fail(self, current_exception_error());
-      return;
-    }
+  bool save_now = false;
+  try {
+    save_now = st.control->step_ended(summary.step_seconds, steps, updates);
+  } catch (...) {
+    fail(self, current_exception_error());
+    return;
   }
-  ++st.step;
-  const int every = job.checkpoint.every;
-  if (every > 0 && st.step % every == 0 && st.step < st.steps) {
+  if (save_now) {
     save_checkpoint(self, [self] { after_step(self); });
     return;
   }
@@ -356,11 +328,12 @@ void on_updates(self_ptr self, const runtime::update_decision& decision,
 void after_step(self_ptr self) {
   auto& st = self->state;
   const job_config& job = *st.ctx->job;
-  if (!runtime::eval_due(job, st.step, st.steps)) {
+  const int done = st.control->step();
+  if (!runtime::eval_due(job, done, st.control->steps())) {
     next_step(self);
     return;
   }
-  runtime::eval_command eval{st.step - 1, st.virtual_barrier};
+  runtime::eval_command eval{done - 1, st.virtual_barrier};
   gather<runtime::chip_eval_report>(
     self,
     [self](std::vector<runtime::chip_eval_report> reports) {
@@ -373,7 +346,7 @@ void after_step(self_ptr self) {
       }
       st.totals->add_eval(loss);
       if (st.ctx->observer != nullptr)
-        st.ctx->observer->on_eval(st.step - 1, loss);
+        st.ctx->observer->on_eval(st.control->step() - 1, loss);
       next_step(self);
     },
     eval_atom::value, eval);
@@ -383,7 +356,7 @@ void on_steps(self_ptr self, std::vector<runtime::chip_step_report> steps) {
   auto& st = self->state;
   runtime::update_decision decision;
   try {
-    decision = runtime::decide_update(*st.ctx->job, st.step, steps);
+    decision = runtime::decide_update(*st.ctx->job, st.control->step(), steps);
   } catch (...) {
     fail(self, current_exception_error());
     return;
@@ -402,9 +375,10 @@ void on_steps(self_ptr self, std::vector<runtime::chip_step_report> steps) {
 /// of `p` and rebuilds its stage; the moves' link time is charged on the
 /// virtual clock, the policy adopts `p`, the observer hears of it; then
 /// `then()`.
-void replan(self_ptr self, scheduler_state::pending_plan change,
+void replan(self_ptr self, runtime::plan_change change,
             std::function<void()> then) {
   auto& ctx = *self->state.ctx;
+  self->state.control->replan_started();
   std::vector<scheduler::layer_move> moves;
   try {
     moves = scheduler::layer_moves(*ctx.job, ctx.the_plan, change.value);
@@ -447,8 +421,8 @@ void replan(self_ptr self, scheduler_state::pending_plan change,
           auto& st = self->state;
           auto& ctx = *st.ctx;
           runtime::rebalance_event e;
-          e.step = st.step;
-          e.generation = ++st.generation;
+          e.step = st.control->step();
+          e.generation = st.control->replan_ended(change.value);
           e.reason = change.reason;
           e.value = change.value;
           for (const auto& m : moves) {
@@ -462,8 +436,6 @@ void replan(self_ptr self, scheduler_state::pending_plan change,
           e.after_seconds = change.after_seconds;
           // The layers crossed the links one move after another.
           st.virtual_barrier += e.charged_seconds;
-          if (st.rebalancer)
-            st.rebalancer->policy().adopt(change.value, st.step);
           e.pause_seconds = seconds_since(started);
           if (ctx.observer != nullptr) { // the line, then the new stages
             ctx.observer->on_rebalance(e);
@@ -480,87 +452,83 @@ void replan(self_ptr self, scheduler_state::pending_plan change,
     layers_atom::value);
 }
 
-/// Applies st.due_drills one after another (each throttles or restores
-/// its chip), then `then()`.
-void run_drills(self_ptr self, std::function<void()> then) {
+/// Applies `drills` one after another (each throttles or restores its
+/// chip), then `then()`.
+void run_drills(self_ptr self, std::vector<drill> drills,
+                std::function<void()> then) {
   auto& st = self->state;
-  if (st.due_drills.empty()) {
+  if (drills.empty()) {
     then();
     return;
   }
-  const drill d = st.due_drills.front();
-  st.due_drills.erase(st.due_drills.begin());
+  const drill d = drills.front();
+  drills.erase(drills.begin());
   const auto ids = plan_chips(st.ctx->the_plan);
   const auto at = std::find(ids.begin(), ids.end(), d.chip);
   if (at == ids.end()) { // a chip excluded after a restart
-    run_drills(self, std::move(then));
+    run_drills(self, std::move(drills), std::move(then));
     return;
   }
   const auto& chip = st.ctx->chips[static_cast<std::size_t>(at - ids.begin())];
-  if (d.hang) {
-    self->request(chip, step_timeout(*st.ctx->job), hang_atom::value)
-      .then([self, then = std::move(then)](
-              bool) mutable { run_drills(self, std::move(then)); },
-            [self, chip = d.chip](caf::error& e) {
-              const auto f = request_failure(e, *self->state.ctx->job, chip);
-              fail(self, make_error(f.code, f.message));
-            });
-    return;
-  }
-  self
-    ->request(chip, step_timeout(*st.ctx->job), throttle_atom::value, d.factor)
-    .then(
-      [self, then = std::move(then), d](double) mutable {
-        self->state.throttles[d.chip] = d.factor;
-        run_drills(self, std::move(then));
-      },
-      [self, chip = d.chip](caf::error& e) {
-        const auto f = request_failure(e, *self->state.ctx->job, chip);
-        fail(self, make_error(f.code, f.message));
-      });
+  auto failed = [self, chip = d.chip](caf::error& e) {
+    const auto f = request_failure(e, *self->state.ctx->job, chip);
+    fail(self, make_error(f.code, f.message));
+  };
+  auto go_on = [self, d, drills = std::move(drills),
+                then = std::move(then)]() mutable {
+    self->state.control->drill_applied(d);
+    run_drills(self, std::move(drills), std::move(then));
+  };
+  const auto timeout = step_timeout(*st.ctx->job);
+  if (d.hang)
+    self->request(chip, timeout, hang_atom::value)
+      .then([go_on = std::move(go_on)](bool) mutable { go_on(); }, failed);
+  else
+    self->request(chip, timeout, throttle_atom::value, d.factor)
+      .then([go_on = std::move(go_on)](double) mutable { go_on(); }, failed);
+}
+
+/// Looks at the stop flag while paused, until the hold ends.
+void arm_hold_tick(self_ptr self) {
+  auto& st = self->state;
+  if (st.held && !std::exchange(st.ticking, true))
+    self->delayed_send(self, hold_tick, wake_atom::value, true);
+}
+
+/// Takes the held step boundary again (a resume, a stop).
+void release(self_ptr self) {
+  if (auto next = std::exchange(self->state.held, nullptr))
+    next();
 }
 
 void next_step(self_ptr self) {
   auto& st = self->state;
-  if (st.step >= st.steps) {
-    finish(self, false);
-    return;
+  auto action = st.control->at_boundary();
+  auto again = [self] {
+    next_step(self);
+  };
+  using kind = runtime::boundary_action::kind;
+  switch (action.what) {
+    case kind::finish:
+      finish(self, action.stopped_early);
+      return;
+    case kind::checkpoint:
+      save_checkpoint(self, again);
+      return;
+    case kind::drills:
+      run_drills(self, std::move(action.drills), again);
+      return;
+    case kind::replan:
+      replan(self, std::move(*action.change), watchdog_held(self, again));
+      return;
+    case kind::hold:
+      st.held = watchdog_held(self, again);
+      arm_hold_tick(self);
+      return;
+    case kind::step:
+      break;
   }
-  if (st.ctx->stop && st.ctx->stop->load() != 0) {
-    finish(self, true);
-    return;
-  }
-  if (std::exchange(st.checkpoint_requested, false) && st.ctx->checkpoints) {
-    save_checkpoint(self, [self] { next_step(self); });
-    return;
-  }
-  const auto& drills = st.ctx->job->drills;
-  for (; st.next_drill < drills.size() && drills[st.next_drill].step <= st.step;
-       ++st.next_drill)
-    if (drills[st.next_drill].step == st.step) // a resumed run starts past some
-      st.due_drills.push_back(drills[st.next_drill]);
-  if (!st.due_drills.empty()) {
-    run_drills(self, [self] { next_step(self); });
-    return;
-  }
-  if (auto change = st.ctx->replans.extract(st.step)) {
-    st.pending.reset(); // a forced re-plan replaces what the policy wanted
-    replan(self, {std::move(change.mapped()), "--replan", 0, 0},
-           [self] { next_step(self); });
-    return;
-  }
-  if (st.pending) {
-    auto change = std::move(*st.pending);
-    st.pending.reset();
-    replan(self, std::move(change),
-           watchdog_held(self, [self] { next_step(self); }));
-    return;
-  }
-  if (st.paused) {
-    st.held = watchdog_held(self, [self] { next_step(self); });
-    return;
-  }
-  runtime::step_command cmd{st.step, st.virtual_barrier};
+  runtime::step_command cmd{st.control->step(), st.virtual_barrier};
   gather<runtime::chip_step_report>(
     self,
     [self](std::vector<runtime::chip_step_report> steps) {
@@ -569,110 +537,28 @@ void next_step(self_ptr self) {
     step_atom::value, cmd);
 }
 
-/// Carries out an admin command (docs/admin.md); its answer as JSON text.
-/// Throws runtime::admin_error (or config_error) when it cannot be done;
-/// training goes on undisturbed either way.
-std::string admin(self_ptr self, const runtime::admin_command& cmd) {
-  using runtime::admin_error;
-  using runtime::admin_verb;
+/// Answers the admin inbox's commands (runtime::run_controller carries
+/// them out), and ends a hold that a resume, a stop or a signal ended.
+void on_wake(self_ptr self) {
   auto& st = self->state;
-  auto& ctx = *st.ctx;
-  const job_config& job = *ctx.job;
-  auto& policy = st.rebalancer->policy(); // made whenever admins may ask
-  auto quoted = [](const std::string& s) {
-    return "\"" + s + "\"";
-  };
-  switch (cmd.verb) {
-    case admin_verb::status: {
-      runtime::run_status status;
-      status.step = st.step;
-      status.steps = st.steps;
-      status.generation = st.generation;
-      status.paused = st.paused;
-      status.last_step_seconds = st.last_step_seconds;
-      status.throttles = st.throttles;
-      return runtime::status_json(job, ctx.the_plan, status, &policy);
-    }
-    case admin_verb::plan:
-      return "{\"generation\":" + std::to_string(st.generation) +
-             ",\"step\":" + std::to_string(st.step) +
-             ",\"plan\":" + to_json(ctx.the_plan, -1) + "}";
-    case admin_verb::rebalance: {
-      if (cmd.best) {
-        auto p = policy.propose_now(st.step, "admin");
-        if (!p)
-          throw admin_error("no plan within the live limits is predicted "
-                            "faster than the running one");
-        st.pending = scheduler_state::pending_plan::of(*p);
-        return "{\"scheduled\":true,\"predicted_step_seconds\":[" +
-               std::to_string(p->before_seconds) + "," +
-               std::to_string(p->after_seconds) +
-               "],\"moved_bytes\":" + std::to_string(p->moved_bytes) + "}";
+  if (st.ctx->admin)
+    for (auto& c : st.ctx->admin->take()) {
+      runtime::admin_reply reply;
+      bool release_now = false;
+      try {
+        auto outcome = st.control->execute(c.value, st.ctx->the_plan);
+        reply = {true, std::move(outcome.json)};
+        release_now = outcome.release;
+      } catch (const std::exception& e) { // admin_error, config_error
+        reply.body = e.what();
       }
-      plan p = plan_from_json(cmd.plan_json, "the admin's plan");
-      scheduler::check_plan(p, job, "the admin's plan");
-      if (plan_chips(p) != plan_chips(ctx.the_plan)) {
-        if (!cmd.restart)
-          throw admin_error(
-            "this plan changes the chips or their order: a live rebalance "
-            "cannot, a restart can (rebalance --plan FILE --restart)");
-        if (!ctx.checkpoints)
-          throw admin_error("a restart resumes from a checkpoint: the job "
-                            "has no [checkpoint] dir");
-        st.checkpoint_requested = true;
-        ctx.stop->store(1);
-        return "{\"restart\":true,\"message\":" +
-               quoted("the job saves a checkpoint and stops at the next step "
-                      "boundary; start it again with --resume latest "
-                      "--plan FILE") +
-               "}";
-      }
-      st.pending =
-        scheduler_state::pending_plan{std::move(p), "admin plan", 0, 0};
-      return "{\"scheduled\":true}";
+      c.reply->set_value(std::move(reply));
+      if (release_now)
+        release(self);
     }
-    case admin_verb::policy:
-      policy.set_mode(cmd.mode);
-      return "{\"policy\":" + quoted(std::string(to_string(cmd.mode))) + "}";
-    case admin_verb::pause:
-      st.paused = true;
-      return "{\"paused\":\"at the next step boundary\"}";
-    case admin_verb::resume: {
-      st.paused = false;
-      if (auto next = std::exchange(st.held, nullptr))
-        next();
-      return "{\"paused\":false}";
-    }
-    case admin_verb::checkpoint:
-      if (!ctx.checkpoints)
-        throw admin_error("the job has no [checkpoint] dir");
-      st.checkpoint_requested = true;
-      return "{\"checkpoint\":\"at the next step boundary\"}";
-    case admin_verb::throttle: {
-      const chip_spec* chip = job.find_chip(cmd.chip);
-      const auto ids = plan_chips(ctx.the_plan);
-      if (chip == nullptr ||
-          std::find(ids.begin(), ids.end(), cmd.chip) == ids.end())
-        throw admin_error("throttle: no chip " + cmd.chip.to_string() +
-                          " in the running plan");
-      if (chip->backend != device_backend::emulated)
-        throw admin_error("throttle: chip " + cmd.chip.to_string() + " (" +
-                          chip->device +
-                          ") is not emulated: only emulated chips can be "
-                          "throttled");
-      st.due_drills.push_back(drill{st.step, cmd.chip, cmd.factor});
-      return "{\"throttle\":" + quoted(cmd.chip.to_string()) +
-             ",\"factor\":" + std::to_string(cmd.factor) + "}";
-    }
-    case admin_verb::stop:
-      ctx.stop->store(1);
-      if (auto next = std::exchange(st.held, nullptr)) { // paused: end now
-        st.paused = false;
-        next();
-      }
-      return "{\"stopping\":true}";
-  }
-  throw admin_error("unknown command");
+  if (st.held && st.control->stop_requested())
+    release(self);
+  arm_hold_tick(self);
 }
 
 caf::behavior scheduler_actor(self_ptr self, std::shared_ptr<run_context> ctx) {
@@ -689,26 +575,26 @@ caf::behavior scheduler_actor(self_ptr self, std::shared_ptr<run_context> ctx) {
       auto& st = self->state;
       if (st.totals) // one run per scheduler
         return make_error(errc::failed, "the scheduler runs already");
-      st.done = self->make_response_promise();
-      st.steps = steps;
-      st.step = st.ctx->first_step;
-      st.saved_step = st.step; // a resumed run's start is saved already
-      st.totals.emplace(steps);
       if (!st.ctx->stop) // h2-admin stop
         st.ctx->stop = std::make_shared<std::atomic<int>>(0);
-      const auto& job = *st.ctx->job;
-      if (job.rebalance.policy != rebalance_mode::off || st.ctx->admin) {
-        try {
-          st.rebalancer = std::make_unique<runtime::rebalancer>(
-            st.ctx->job, st.ctx->the_plan);
-        } catch (...) {
-          return current_exception_error();
-        }
+      const auto& ctx = *st.ctx;
+      try {
+        st.control.emplace(runtime::run_controller::options{
+          ctx.job, ctx.the_plan, ctx.first_step, steps, ctx.replans, ctx.stop,
+          ctx.checkpoints != nullptr,
+          ctx.job->rebalance.policy != rebalance_mode::off ||
+            ctx.admin != nullptr});
+      } catch (...) {
+        return current_exception_error();
       }
-      if (st.ctx->admin) {
-        st.ctx->admin->open();
-        self->send(self, admin_poll_atom::value);
-      }
+      st.done = self->make_response_promise();
+      st.saved_step = ctx.first_step; // a resumed run's start is saved
+      st.totals.emplace(steps);
+      if (ctx.admin)
+        ctx.admin->open([to = caf::actor_cast<caf::actor>(self)] {
+          // As from the scheduler itself: it obeys no other sender.
+          caf::send_as(to, to, wake_atom::value, false);
+        });
       gather<runtime::setup_report>(
         self,
         [self](std::vector<runtime::setup_report> reports) {
@@ -730,22 +616,13 @@ caf::behavior scheduler_actor(self_ptr self, std::shared_ptr<run_context> ctx) {
       else
         on_written(self, chunks, step, std::move(files));
     },
-    [self](admin_poll_atom) {
+    [self](wake_atom, bool tick) {
       auto& st = self->state;
-      if (!from_itself(self) || !st.ctx->admin)
+      if (!from_itself(self) || !st.control)
         return;
-      for (auto& c : st.ctx->admin->take()) {
-        runtime::admin_reply reply;
-        try {
-          reply.body =
-            admin(self, runtime::parse_admin_command(c.name, c.args));
-          reply.ok = true;
-        } catch (const std::exception& e) { // admin_error, config_error
-          reply.body = e.what();
-        }
-        c.reply->set_value(std::move(reply));
-      }
-      self->delayed_send(self, admin_poll_interval, admin_poll_atom::value);
+      if (tick)
+        st.ticking = false;
+      on_wake(self);
     },
     [self](saved_atom, std::int64_t step, const caf::error& err) {
       if (!from_itself(self))

@@ -203,13 +203,14 @@ void admin_server::handle(int fd, const std::string& peer) {
     refuse("unauthorized: wrong admin token, or a replayed request");
     return;
   }
+  runtime::admin_command command;
   try {
-    runtime::parse_admin_command(r.command, r.args);
+    command = runtime::parse_admin_command(r.command, r.args);
   } catch (const runtime::admin_error& e) {
     refuse(e.what());
     return;
   }
-  const auto reply = inbox_->ask(r.command, r.args);
+  const auto reply = inbox_->ask(std::move(command));
   std::string shown = r.command;
   if (r.command != "rebalance" || r.args.size() < 2) // not a whole plan
     for (const auto& a : r.args)

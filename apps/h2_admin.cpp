@@ -145,8 +145,7 @@ void print_status(const json& s) {
   std::printf("job %s: step %d of %d, plan %d (%s), %s (last step %.4f s)\n",
               s.value("job", "?").c_str(), s.value("step", 0),
               s.value("steps", 0), s.value("plan_generation", 0),
-              s.value("schedule", "?").c_str(),
-              s.value("paused", false) ? "paused" : "running",
+              s.value("schedule", "?").c_str(), s.value("phase", "?").c_str(),
               s.value("last_step_seconds", 0.0));
   if (s.contains("policy")) {
     const auto& p = s["policy"];

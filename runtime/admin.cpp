@@ -164,9 +164,10 @@ admin_command parse_admin_command(const std::string& command,
                     "checkpoint, throttle, stop)");
 }
 
-void admin_inbox::open() {
+void admin_inbox::open(std::function<void()> wake) {
   std::lock_guard<std::mutex> guard(mutex_);
   open_ = true;
+  wake_ = std::move(wake);
 }
 
 void admin_inbox::close() {
@@ -174,13 +175,14 @@ void admin_inbox::close() {
   {
     std::lock_guard<std::mutex> guard(mutex_);
     open_ = false;
+    wake_ = nullptr;
     left.swap(queue_);
   }
   for (auto& c : left)
     c.reply->set_value({false, "the run ended before it could answer"});
 }
 
-admin_reply admin_inbox::ask(std::string name, std::vector<std::string> args) {
+admin_reply admin_inbox::ask(admin_command c) {
   auto reply = std::make_shared<std::promise<admin_reply>>();
   auto answer = reply->get_future();
   {
@@ -188,7 +190,9 @@ admin_reply admin_inbox::ask(std::string name, std::vector<std::string> args) {
     if (!open_)
       return {false, "no training run is in progress (it is starting, or "
                      "ending)"};
-    queue_.push_back({std::move(name), std::move(args), std::move(reply)});
+    queue_.push_back({std::move(c), std::move(reply)});
+    if (wake_) // under the lock: close() cannot drop it meanwhile
+      wake_();
   }
   if (answer.wait_for(timeout) != std::future_status::ready)
     return {false, "the scheduler did not answer within " +

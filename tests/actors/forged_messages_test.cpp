@@ -106,7 +106,8 @@ dir = ")" + root.string() + R"("
         forger->send(scheduler, actors::written_atom::value, step,
                      std::vector<runtime::file_record>{}, forged);
       }
-      forger->send(scheduler, actors::admin_poll_atom::value);
+      forger->send(scheduler, actors::wake_atom::value, false);
+      forger->send(scheduler, actors::wake_atom::value, true);
       forger->send(scheduler, actors::train_atom::value, 2);
       std::this_thread::sleep_for(2ms);
     }

@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include <chrono>
+#include <csignal>
 #include <cstring>
 #include <regex>
 #include <stdexcept>
@@ -192,6 +193,27 @@ TEST_F(apps_admin, an_admin_steers_a_running_job) {
   EXPECT_GT(rebalances[0]["moved_bytes"].get<double>(), 0);
   EXPECT_LT(rebalances[0]["predicted_after_seconds"].get<double>(),
             rebalances[0]["predicted_before_seconds"].get<double>());
+}
+
+TEST_F(apps_admin, a_sigterm_stops_a_paused_job) {
+  const auto token = write_token(dir_, "admin.token", "0123456789abcdef-z\n");
+  const auto job = dir_.write("job.toml", admin_job(token, 100000));
+  const auto log = dir_ / "log.jsonl";
+  auto started = start(job, log);
+  ASSERT_FALSE(endpoint_.empty());
+  auto& launch = *started;
+  ASSERT_EQ(admin(token, {"pause"}).status.code, 0);
+  ASSERT_TRUE(
+    launch.wait_until([&] { return status(token)["phase"] == "paused"; }, 60s));
+  const int held = status(token)["step"];
+  launch.send(SIGTERM); // no resume: the held boundary ends the run
+  auto end = launch.wait(run_timeout);
+  ASSERT_FALSE(end.timed_out) << "a paused job ignored SIGTERM";
+  EXPECT_TRUE(end.exited && end.code == 128 + SIGTERM) << end.describe();
+  EXPECT_NE(
+    launch.out().find("h2: stopped after " + std::to_string(held) + " steps"),
+    std::string::npos)
+    << launch.out();
 }
 
 TEST_F(apps_admin, refused_requests_change_nothing) {

@@ -11,8 +11,10 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include <condition_variable>
 #include <filesystem>
 #include <fstream>
+#include <mutex>
 #include <thread>
 
 #include <sys/stat.h>
@@ -158,28 +160,35 @@ TEST(runtime_admin, the_token_file_must_be_private_and_long_enough) {
 
 TEST(runtime_admin, the_inbox_answers_only_while_a_run_is_open) {
   admin_inbox inbox;
-  auto closed = inbox.ask("status", {});
+  auto closed = inbox.ask(parse_admin_command("status", {}));
   EXPECT_FALSE(closed.ok);
   EXPECT_NE(closed.body.find("no training run"), std::string::npos);
 
-  inbox.open();
-  std::thread scheduler([&] {
-    for (int answered = 0; answered < 1;) {
-      for (auto& c : inbox.take()) {
-        c.reply->set_value({true, "{\"echo\":\"" + c.name + "\"}"});
-        ++answered;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    }
+  // Every command queued wakes the run once; it answers what it takes.
+  std::mutex mutex;
+  std::condition_variable woken;
+  int wakes = 0;
+  inbox.open([&] {
+    std::lock_guard<std::mutex> guard(mutex);
+    ++wakes;
+    woken.notify_one();
   });
-  const auto reply = inbox.ask("plan", {});
+  std::thread scheduler([&] {
+    std::unique_lock<std::mutex> lock(mutex);
+    woken.wait(lock, [&] { return wakes > 0; });
+    for (auto& c : inbox.take())
+      c.reply->set_value(
+        {true, c.value.verb == admin_verb::plan ? "{\"plan\":1}" : "?"});
+  });
+  const auto reply = inbox.ask(parse_admin_command("plan", {}));
   scheduler.join();
   EXPECT_TRUE(reply.ok);
-  EXPECT_EQ(reply.body, "{\"echo\":\"plan\"}");
+  EXPECT_EQ(reply.body, "{\"plan\":1}");
+  EXPECT_EQ(wakes, 1);
 
   // Closing answers what is still queued.
   std::thread asker([&] {
-    const auto late = inbox.ask("status", {});
+    const auto late = inbox.ask(parse_admin_command("status", {}));
     EXPECT_FALSE(late.ok);
     EXPECT_NE(late.body.find("ended"), std::string::npos) << late.body;
   });

@@ -20,7 +20,8 @@ using throttle_atom = caf::atom_constant<caf::atom("throttle")>;
 /// [[drills]] hang: the chip's next compute op waits until the watchdog or
 /// an abort ends it.
 using hang_atom = caf::atom_constant<caf::atom("hang")>;
-using admin_poll_atom = caf::atom_constant<caf::atom("admin_poll")>;
+/// The scheduler looks at its admin inbox and, while paused, its stop flag.
+using wake_atom = caf::atom_constant<caf::atom("wake")>;
 
 // The cluster: joining, assignments, liveness, the end of a job.
 using hello_atom = caf::atom_constant<caf::atom("hello")>;

@@ -1,7 +1,8 @@
 // The admin protocol (docs/admin.md): what `h2-admin` sends to a running
 // job's admin endpoint and what it gets back, and the commands it may give.
 // Pure: encoding, decoding, sealing and parsing, no sockets and no actors
-// (apps/ serves the endpoint, the scheduler actor carries commands out).
+// (apps/ serves the endpoint, runtime::run_controller carries commands
+// out).
 //
 // One request per connection, one JSON object on one line:
 //   {"seq": N, "command": "throttle", "args": ["0:1", "2"], "mac": "<hex>"}
@@ -20,6 +21,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <future>
 #include <memory>
 #include <mutex>
@@ -107,26 +109,29 @@ struct admin_reply {
   std::string body; ///< ok: JSON text; otherwise the error message
 };
 
-/// Hands admin commands from the admin endpoint's thread to the run in
-/// progress, whose scheduler takes them between its messages (it polls),
-/// and the answers back. Thread-safe. Closed while no run trains.
+/// Hands admin commands, parsed once by the endpoint, from its thread to
+/// the run in progress and the answers back. The run's scheduler opens it
+/// with a wake-up the inbox calls after queueing each command (the
+/// scheduler then takes them between its messages; nothing polls).
+/// Thread-safe. Closed while no run trains.
 class admin_inbox {
 public:
   /// Longest ask() waits for an answer.
   static constexpr std::chrono::seconds timeout{10};
 
   struct command {
-    std::string name;
-    std::vector<std::string> args;
+    admin_command value;
     std::shared_ptr<std::promise<admin_reply>> reply;
   };
 
-  /// A run starts (open) or ends (close: queued commands are refused).
-  void open();
+  /// A run starts (open, with its wake-up) or ends (close: queued commands
+  /// are refused, and the wake-up is dropped).
+  void open(std::function<void()> wake);
   void close();
 
-  /// Queues `name args...` and waits for the answer (at most `timeout`).
-  admin_reply ask(std::string name, std::vector<std::string> args);
+  /// Queues `c`, wakes the run and waits for the answer (at most
+  /// `timeout`).
+  admin_reply ask(admin_command c);
 
   /// The commands queued so far (the scheduler answers each).
   std::vector<command> take();
@@ -137,6 +142,7 @@ public:
 private:
   std::mutex mutex_;
   bool open_ = false;
+  std::function<void()> wake_;
   std::vector<command> queue_;
 };
 

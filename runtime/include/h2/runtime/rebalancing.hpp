@@ -47,6 +47,7 @@ struct run_status {
   int step = 0;  ///< steps done
   int steps = 0; ///< the run's last step
   int generation = 0;
+  std::string phase = "running"; ///< runtime::run_phase
   bool paused = false;
   double last_step_seconds = 0;        ///< run clock
   std::map<chip_id, double> throttles; ///< factors set by drills or admins
