@@ -303,6 +303,135 @@ void start_job(coordinator_self self) {
   }
 }
 
+/// A node's hello: a fresh nonce for its join proof, unless its rank is
+/// not the job's or joined already.
+caf::result<std::string> on_hello(coordinator_self self, std::int32_t rank) {
+  auto& st = self->state;
+  const auto& nodes = st.options.job->nodes;
+  if (std::none_of(nodes.begin(), nodes.end(),
+                   [rank](const node_spec& n) { return n.rank == rank; }))
+    return make_error(errc::bad_config, "node rank " + std::to_string(rank) +
+                                          " is not one of the job's " +
+                                          std::to_string(nodes.size()) +
+                                          " nodes");
+  if (st.members.count(rank) != 0 || st.proven.count(rank) != 0)
+    return make_error(errc::bad_config,
+                      "node " + std::to_string(rank) + " joined twice");
+  // Nonces expire, and each process may hold only a few: a flood of
+  // hellos from one connection evicts only its own.
+  const auto now = std::chrono::steady_clock::now();
+  const auto from = self->current_sender() != nullptr
+                      ? self->current_sender()->node()
+                      : caf::node_id{};
+  std::erase_if(st.nonces,
+                [&](const auto& n) { return n.second.expires <= now; });
+  std::vector<decltype(st.nonces)::iterator> own;
+  for (auto n = st.nonces.begin(); n != st.nonces.end(); ++n)
+    if (n->second.from == from)
+      own.push_back(n);
+  if (own.size() >= max_joins_per_process)
+    st.nonces.erase(*std::min_element(
+      own.begin(), own.end(), [](const auto& a, const auto& b) {
+        return a->second.expires < b->second.expires;
+      }));
+  auto nonce = transport::make_nonce();
+  st.nonces[nonce] = {rank, from, now + join_nonce_lifetime};
+  return nonce;
+}
+
+/// A node's join: proves the secret with the nonce handed to its rank and
+/// names the same job file; only then may it attach.
+caf::result<bool> on_join(coordinator_self self, const node_join& j) {
+  auto& st = self->state;
+  auto nonce = st.nonces.find(j.nonce);
+  if (nonce == st.nonces.end() || nonce->second.rank != j.rank ||
+      nonce->second.expires <= std::chrono::steady_clock::now() ||
+      !transport::join_proof_valid(*st.options.secret, j.nonce, j.rank,
+                                   j.proof))
+    // Nothing of the job reaches a node that cannot prove the secret.
+    return make_error(errc::unauthorized, "node " + std::to_string(j.rank) +
+                                            " does not know the job's secret");
+  st.nonces.erase(nonce);
+  if (j.job_digest != st.options.job_digest)
+    return make_error(errc::bad_config, "node " + std::to_string(j.rank) +
+                                          " (" + j.hostname +
+                                          ") runs another job file");
+  if (st.ended || st.members.count(j.rank) != 0 || st.proven.count(j.rank) != 0)
+    return make_error(errc::bad_config,
+                      "node " + std::to_string(j.rank) + " cannot join");
+  st.proven[j.rank] = j;
+  return true;
+}
+
+/// A node attaches its node actor under its seal, after its join; the
+/// job starts once every node has.
+caf::result<bool> on_attach(coordinator_self self,
+                            const transport::control_seal& seal,
+                            const caf::actor& node) {
+  auto& st = self->state;
+  auto proven = st.proven.find(seal.sender);
+  if (proven == st.proven.end() || !node ||
+      !st.verifier->accept(node_attach, seal, "")) {
+    st.drops.dropped(st.options.log,
+                     "a node attach without a join or a valid seal");
+    return make_error(errc::unauthorized,
+                      "node " + std::to_string(seal.sender) +
+                        ": an attach without a join or a valid seal");
+  }
+  const int rank = seal.sender;
+  if (st.ended)
+    return make_error(errc::bad_config,
+                      "node " + std::to_string(rank) + " cannot join");
+  self->monitor(node);
+  const node_join& j = proven->second;
+  if (st.options.log)
+    st.options.log("node " + std::to_string(rank) + " joined (" + j.hostname +
+                   ", pid " + std::to_string(j.pid) +
+                   "): " + std::to_string(st.members.size() + 1) + " of " +
+                   std::to_string(st.options.world_size) + " nodes");
+  st.members[rank] = {node, j, std::chrono::steady_clock::now()};
+  st.proven.erase(proven);
+  if (static_cast<int>(st.members.size()) == st.options.world_size)
+    start_job(self);
+  return true;
+}
+
+/// The heartbeat timer: beats to every other node, ends the job when a
+/// node stalled or never joined, and comes again.
+void on_check(coordinator_self self) {
+  auto& st = self->state;
+  if (st.ended)
+    return;
+  auto now = std::chrono::steady_clock::now();
+  for (auto& [rank, m] : st.members)
+    if (rank != st.options.rank)
+      self->send(m.node, heartbeat_atom::value,
+                 st.signer->seal(coordinator_heartbeat, ""));
+  for (auto& [rank, m] : st.members)
+    if (now - m.seen > heartbeat_timeout) {
+      fail_job(self, errc::peer_lost,
+               "node " + std::to_string(rank) + " (" +
+                 chips_of(*st.options.job, rank) +
+                 ") stalled: no heartbeat for " +
+                 std::to_string(heartbeat_timeout.count()) + " s");
+      return;
+    }
+  // A node that never joins must not keep the others waiting: the job
+  // ends, naming it, and the nodes that joined end with it.
+  if (static_cast<int>(st.members.size()) < st.options.world_size &&
+      now >= st.join_deadline) {
+    std::vector<int> ranks, joined;
+    for (const auto& n : st.options.job->nodes)
+      ranks.push_back(n.rank);
+    for (const auto& [rank, m] : st.members)
+      joined.push_back(rank);
+    fail_job(self, errc::peer_lost,
+             never_joined(ranks, joined, st.options.join_timeout));
+    return;
+  }
+  self->delayed_send(self, heartbeat_interval, check_atom::value);
+}
+
 caf::behavior
 coordinator_actor(coordinator_self self, node_options options,
                   caf::actor waiter,
@@ -338,92 +467,17 @@ coordinator_actor(coordinator_self self, node_options options,
   self->delayed_send(self, heartbeat_interval, check_atom::value);
   return {
     [self](hello_atom, std::int32_t rank) -> caf::result<std::string> {
-      auto& st = self->state;
-      const auto& nodes = st.options.job->nodes;
-      if (std::none_of(nodes.begin(), nodes.end(),
-                       [rank](const node_spec& n) { return n.rank == rank; }))
-        return make_error(errc::bad_config,
-                          "node rank " + std::to_string(rank) +
-                            " is not one of the job's " +
-                            std::to_string(nodes.size()) + " nodes");
-      if (st.members.count(rank) != 0 || st.proven.count(rank) != 0)
-        return make_error(errc::bad_config,
-                          "node " + std::to_string(rank) + " joined twice");
-      // Nonces expire, and each process may hold only a few: a flood of
-      // hellos from one connection evicts only its own.
-      const auto now = std::chrono::steady_clock::now();
-      const auto from = self->current_sender() != nullptr
-                          ? self->current_sender()->node()
-                          : caf::node_id{};
-      std::erase_if(st.nonces,
-                    [&](const auto& n) { return n.second.expires <= now; });
-      std::vector<decltype(st.nonces)::iterator> own;
-      for (auto n = st.nonces.begin(); n != st.nonces.end(); ++n)
-        if (n->second.from == from)
-          own.push_back(n);
-      if (own.size() >= max_joins_per_process)
-        st.nonces.erase(*std::min_element(
-          own.begin(), own.end(), [](const auto& a, const auto& b) {
-            return a->second.expires < b->second.expires;
-          }));
-      auto nonce = transport::make_nonce();
-      st.nonces[nonce] = {rank, from, now + join_nonce_lifetime};
-      return nonce;
+      return on_hello(self, rank);
     },
     // The join proves the secret; only then does the node spawn its node
     // actor and attach it under its seal, so a refused node never hands
     // out an actor of its own.
     [self](join_atom, const node_join& j) -> caf::result<bool> {
-      auto& st = self->state;
-      auto nonce = st.nonces.find(j.nonce);
-      if (nonce == st.nonces.end() || nonce->second.rank != j.rank ||
-          nonce->second.expires <= std::chrono::steady_clock::now() ||
-          !transport::join_proof_valid(*st.options.secret, j.nonce, j.rank,
-                                       j.proof))
-        // Nothing of the job reaches a node that cannot prove the secret.
-        return make_error(errc::unauthorized,
-                          "node " + std::to_string(j.rank) +
-                            " does not know the job's secret");
-      st.nonces.erase(nonce);
-      if (j.job_digest != st.options.job_digest)
-        return make_error(errc::bad_config, "node " + std::to_string(j.rank) +
-                                              " (" + j.hostname +
-                                              ") runs another job file");
-      if (st.ended || st.members.count(j.rank) != 0 ||
-          st.proven.count(j.rank) != 0)
-        return make_error(errc::bad_config,
-                          "node " + std::to_string(j.rank) + " cannot join");
-      st.proven[j.rank] = j;
-      return true;
+      return on_join(self, j);
     },
     [self](attach_atom, const transport::control_seal& seal,
            const caf::actor& node) -> caf::result<bool> {
-      auto& st = self->state;
-      auto proven = st.proven.find(seal.sender);
-      if (proven == st.proven.end() || !node ||
-          !st.verifier->accept(node_attach, seal, "")) {
-        st.drops.dropped(st.options.log,
-                         "a node attach without a join or a valid seal");
-        return make_error(errc::unauthorized,
-                          "node " + std::to_string(seal.sender) +
-                            ": an attach without a join or a valid seal");
-      }
-      const int rank = seal.sender;
-      if (st.ended)
-        return make_error(errc::bad_config,
-                          "node " + std::to_string(rank) + " cannot join");
-      self->monitor(node);
-      const node_join& j = proven->second;
-      if (st.options.log)
-        st.options.log("node " + std::to_string(rank) + " joined (" +
-                       j.hostname + ", pid " + std::to_string(j.pid) +
-                       "): " + std::to_string(st.members.size() + 1) + " of " +
-                       std::to_string(st.options.world_size) + " nodes");
-      st.members[rank] = {node, j, std::chrono::steady_clock::now()};
-      st.proven.erase(proven);
-      if (static_cast<int>(st.members.size()) == st.options.world_size)
-        start_job(self);
-      return true;
+      return on_attach(self, seal, node);
     },
     // A node that proved the secret but cannot train (its [ditorch] check
     // failed) says why instead of attaching: the job ends naming it.
@@ -465,39 +519,7 @@ coordinator_actor(coordinator_self self, node_options options,
       if (st.options.stop)
         st.options.stop->store(std::max(1, st.options.stop->load()));
     },
-    [self](check_atom) {
-      auto& st = self->state;
-      if (st.ended)
-        return;
-      auto now = std::chrono::steady_clock::now();
-      for (auto& [rank, m] : st.members)
-        if (rank != st.options.rank)
-          self->send(m.node, heartbeat_atom::value,
-                     st.signer->seal(coordinator_heartbeat, ""));
-      for (auto& [rank, m] : st.members)
-        if (now - m.seen > heartbeat_timeout) {
-          fail_job(self, errc::peer_lost,
-                   "node " + std::to_string(rank) + " (" +
-                     chips_of(*st.options.job, rank) +
-                     ") stalled: no heartbeat for " +
-                     std::to_string(heartbeat_timeout.count()) + " s");
-          return;
-        }
-      // A node that never joins must not keep the others waiting: the job
-      // ends, naming it, and the nodes that joined end with it.
-      if (static_cast<int>(st.members.size()) < st.options.world_size &&
-          now >= st.join_deadline) {
-        std::vector<int> ranks, joined;
-        for (const auto& n : st.options.job->nodes)
-          ranks.push_back(n.rank);
-        for (const auto& [rank, m] : st.members)
-          joined.push_back(rank);
-        fail_job(self, errc::peer_lost,
-                 never_joined(ranks, joined, st.options.join_timeout));
-        return;
-      }
-      self->delayed_send(self, heartbeat_interval, check_atom::value);
-    },
+    [self](check_atom) { on_check(self); },
   };
 }
 

@@ -65,19 +65,16 @@ void local_job::abort() noexcept {
     writer_->abandon(); // the previous checkpoint stays the latest
 }
 
-runtime::run_summary local_job::run(const run_options& opts,
-                                    runtime::training_observer& observer,
-                                    std::shared_ptr<std::atomic<int>> stop) {
-  caf::actor_system_config cfg;
-  configure_actor_system(cfg);
-  caf::actor_system system{cfg};
-  auto origin = devices::chip_clock::wall_clock::now();
-
+std::shared_ptr<run_context>
+local_job::context_of(const run_options& opts,
+                      runtime::training_observer& observer,
+                      std::shared_ptr<std::atomic<int>> stop) {
   auto ctx = std::make_shared<run_context>();
   ctx->job = job_;
   ctx->the_plan = plan_;
   ctx->observer = &observer;
   ctx->stop = std::move(stop);
+  ctx->admin = opts.admin;
   if (opts.resume)
     ctx->first_step = static_cast<int>(opts.resume->manifest.step);
   check_replans(opts.replans, plan_, *job_);
@@ -91,16 +88,21 @@ runtime::run_summary local_job::run(const run_options& opts,
     std::lock_guard<std::mutex> guard(mutex_);
     writer_ = ctx->checkpoints;
   }
+  ctx->watchdog = std::make_shared<runtime::progress_watchdog>(job_->watchdog);
+  return ctx;
+}
 
+void local_job::spawn_chips(caf::actor_system& system, run_context& ctx,
+                            const run_options& opts) {
   // Every chip runs in this process: every node rank maps to it, so every
   // pair of chips is joined in-process.
   std::map<int, transport::endpoint_address> here;
   for (const auto* c : job_->chips())
     here[c->id.node].node_rank = 0;
-  auto setups = runtime::make_worker_setups(job_, plan_, origin, cancel_);
-  ctx->watchdog = std::make_shared<runtime::progress_watchdog>(job_->watchdog);
+  auto setups = runtime::make_worker_setups(
+    job_, plan_, devices::chip_clock::wall_clock::now(), cancel_);
   for (auto& w : setups)
-    w.progress = ctx->watchdog->watch(w.chip->id);
+    w.progress = ctx.watchdog->watch(w.chip->id);
   runtime::wire_channels(
     setups,
     runtime::assign_links(plan_, here, "", job_->model.tie_embeddings)[0],
@@ -111,17 +113,72 @@ runtime::run_summary local_job::run(const run_options& opts,
     });
   for (auto& w : setups) {
     chip_options co;
-    co.writer = ctx->checkpoints;
+    co.writer = ctx.checkpoints;
     if (opts.resume)
       for (const auto& c : w.chunks)
         for (int l = c.first_layer; l < c.end_layer; ++l)
           co.restore.push_back(
             opts.resume->layers.at(static_cast<std::size_t>(l)));
-    ctx->chips.push_back(system.spawn<caf::detached>(chip_actor, std::move(w),
-                                                     std::move(co)));
+    ctx.chips.push_back(
+      system.spawn<caf::detached>(chip_actor, std::move(w), std::move(co)));
   }
+}
 
-  ctx->admin = opts.admin;
+std::optional<failure> local_job::collect_parameters(caf::scoped_actor& self,
+                                                     const run_context& ctx) {
+  std::optional<failure> failed;
+  // Chips come replica by replica (plan_chips()): replica 0's first.
+  const auto stages = replica_chips(plan_.replicas.front()).size();
+  const auto order = plan_chips(plan_);
+  for (std::size_t i = 0; i < ctx.chips.size() && !failed; ++i)
+    self->request(ctx.chips[i], step_timeout(*job_), params_atom::value)
+      .receive(
+        [&](std::vector<runtime::parameter_values>& ps) {
+          if (i < stages)
+            parameters_.insert(parameters_.end(), ps.begin(), ps.end());
+          chip_parameters_[order[i]] = std::move(ps);
+        },
+        [&](caf::error& e) { failed = request_failure(e, *job_, order[i]); });
+  // Layer order, as the single model lists them.
+  std::stable_sort(
+    parameters_.begin(), parameters_.end(),
+    [](const auto& a, const auto& b) { return a.layer < b.layer; });
+  return failed;
+}
+
+void local_job::release(run_context& ctx, bool failed) {
+  // A failed run's save in progress is given up; a finished run's is on
+  // disk already (the scheduler answers once it is). Either way the writer
+  // stops before the actors its callbacks talk to go away.
+  if (ctx.checkpoints) {
+    if (failed)
+      ctx.checkpoints->abandon();
+    ctx.checkpoints->close();
+    std::lock_guard<std::mutex> guard(mutex_);
+    writer_.reset();
+  }
+  // Chips still at work on a failed run (a step past its timeout, say) stop:
+  // their waits end and their op loops throw. Chips blocked in a channel
+  // wait end it when their channels close.
+  if (failed)
+    cancel_->cancel();
+  {
+    std::lock_guard<std::mutex> guard(mutex_);
+    for (auto& ch : channels_)
+      ch->close();
+    channels_.clear();
+  }
+  ctx.chips.clear();
+}
+
+runtime::run_summary local_job::run(const run_options& opts,
+                                    runtime::training_observer& observer,
+                                    std::shared_ptr<std::atomic<int>> stop) {
+  caf::actor_system_config cfg;
+  configure_actor_system(cfg);
+  caf::actor_system system{cfg};
+  auto ctx = context_of(opts, observer, std::move(stop));
+  spawn_chips(system, *ctx, opts);
   // A stalled chip fails the run: its op ends with stalled_error (the
   // root cause the scheduler reports), every other wait with the abort.
   runtime::watchdog_thread watchdog(ctx->watchdog,
@@ -140,52 +197,13 @@ runtime::run_summary local_job::run(const run_options& opts,
       opts.admin->close();
     parameters_.clear();
     chip_parameters_.clear();
-    if (!failed && opts.collect_parameters) {
-      // Chips come replica by replica (plan_chips()): replica 0's first.
-      const auto stages = replica_chips(plan_.replicas.front()).size();
-      const auto order = plan_chips(plan_);
-      for (std::size_t i = 0; i < ctx->chips.size() && !failed; ++i)
-        self->request(ctx->chips[i], step_timeout(*job_), params_atom::value)
-          .receive(
-            [&](std::vector<runtime::parameter_values>& ps) {
-              if (i < stages)
-                parameters_.insert(parameters_.end(), ps.begin(), ps.end());
-              chip_parameters_[order[i]] = std::move(ps);
-            },
-            [&](caf::error& e) {
-              failed = request_failure(e, *job_, order[i]);
-            });
-      // Layer order, as the single model lists them.
-      std::stable_sort(
-        parameters_.begin(), parameters_.end(),
-        [](const auto& a, const auto& b) { return a.layer < b.layer; });
-    }
+    if (!failed && opts.collect_parameters)
+      failed = collect_parameters(self, *ctx);
     for (auto& chip : ctx->chips)
       self->send_exit(chip, caf::exit_reason::user_shutdown);
     self->send_exit(sched, caf::exit_reason::user_shutdown);
   }
-  // A failed run's save in progress is given up; a finished run's is on
-  // disk already (the scheduler answers once it is). Either way the writer
-  // stops before the actors its callbacks talk to go away.
-  if (ctx->checkpoints) {
-    if (failed)
-      ctx->checkpoints->abandon();
-    ctx->checkpoints->close();
-    std::lock_guard<std::mutex> guard(mutex_);
-    writer_.reset();
-  }
-  // Chips still at work on a failed run (a step past its timeout, say) stop:
-  // their waits end and their op loops throw. Chips blocked in a channel
-  // wait end it when their channels close.
-  if (failed)
-    cancel_->cancel();
-  {
-    std::lock_guard<std::mutex> guard(mutex_);
-    for (auto& ch : channels_)
-      ch->close();
-    channels_.clear();
-  }
-  ctx->chips.clear();
+  release(*ctx, failed.has_value());
   if (failed) {
     if (auto stalled = watchdog.stalled())
       failed = failure{errc::stalled, stalled->message()};

@@ -80,13 +80,11 @@ std::string local_address_towards(const std::string& host) {
   return out;
 }
 
-int run_node(node_flags& nf) {
-  // From the start: a signal while a checkpoint loads ends the node too.
-  apps::signal_watcher signals(nullptr);
-  auto setting_up = signals.exiting("h2-node");
-  auto job = apps::load_job(nf.job_path, nf.run);
-  apps::exclude_nodes(*job, nf.exclude);
-  const auto& nodes = job->nodes;
+/// This process's node: its rank and the world size from the flags or
+/// the launcher's environment (Slurm, Open MPI, torchrun), checked against
+/// the job's nodes.
+const node_spec& this_node_of(node_flags& nf, const job_config& job) {
+  const auto& nodes = job.nodes;
   const char* source = "--node-rank";
   if (nf.rank < 0) {
     auto r = env_int({"SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "RANK"}, source);
@@ -104,7 +102,7 @@ int run_node(node_flags& nf) {
   if (nf.world_size < 0) {
     auto w = env_int({"SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE", "WORLD_SIZE"},
                      world_source);
-    nf.world_size = w.value_or(static_cast<int>(job->nodes.size()));
+    nf.world_size = w.value_or(static_cast<int>(nodes.size()));
   }
   if (nf.world_size != static_cast<int>(nodes.size()))
     throw config_error(world_source,
@@ -122,7 +120,12 @@ int run_node(node_flags& nf) {
                                     ? "[0, " + std::to_string(nodes.size()) +
                                         ")"
                                     : "that are not excluded"));
-  const int lead = nodes.front().rank; // hosts the coordinator
+  return *this_node;
+}
+
+/// The coordinator's host and port, from --coordinator or MASTER_ADDR and
+/// MASTER_PORT.
+std::pair<std::string, std::uint16_t> coordinator_of(node_flags& nf) {
   if (nf.coordinator.empty()) {
     const char* addr = std::getenv("MASTER_ADDR");
     const char* port = std::getenv("MASTER_PORT");
@@ -142,15 +145,88 @@ int run_node(node_flags& nf) {
   if (colon == std::string::npos || colon == 0 || port < 0 || port > 65535)
     throw config_error("--coordinator",
                        "expected HOST:PORT, got \"" + nf.coordinator + "\"");
+  return {nf.coordinator.substr(0, colon), static_cast<std::uint16_t>(port)};
+}
+
+/// The coordinator's node plans (HeteroAuto too) for every node, and reads
+/// and checks the checkpoint a run resumes from (every node then loads its
+/// own chips' layers from the directory). Returns the plan's predicted
+/// step time.
+std::optional<double> plan_as_lead(const node_flags& nf, const job_config& job,
+                                   actors::node_options& o) {
+  auto chosen = apps::choose_plan(nf.run, job);
+  o.plan_override = std::move(chosen.value);
+  if (!nf.run.init_from.empty() && job.checkpoint.dir.empty())
+    throw config_error("--init-from",
+                       "over nodes it needs [checkpoint] dir: the converted "
+                       "weights are saved there as step 0 for every node "
+                       "to load");
+  if (auto c = apps::resume_from(nf.run, job, *o.plan_override,
+                                 apps::job_text(nf.job_path))) {
+    auto located = std::make_shared<runtime::checkpoint>();
+    located->dir = c->dir;
+    located->manifest = c->manifest;
+    o.run.resume = std::move(located);
+  }
+  o.run.replans = apps::replans_from(nf.run, job);
+  return chosen.predicted_step_seconds;
+}
+
+/// What cluster_node needs of this node: the job and its identity, where
+/// the coordinator is, the secret, the run's steps, and where to log.
+actors::node_options node_options_of(const node_flags& nf,
+                                     std::shared_ptr<job_config> job, int lead,
+                                     const std::string& coordinator_host,
+                                     std::uint16_t coordinator_port,
+                                     const std::string& secret_file) {
+  actors::node_options o;
+  o.job = job;
+  o.job_digest = transport::job_digest(
+    apps::job_identity(apps::job_text(nf.job_path), nf.exclude));
+  o.rank = nf.rank;
+  o.world_size = nf.world_size;
+  o.coordinator_rank = lead;
+  o.coordinator_host = coordinator_host;
+  o.coordinator_port = coordinator_port;
+  o.join_timeout = std::chrono::ceil<std::chrono::milliseconds>(
+    std::chrono::duration<double>(job->cluster.join_timeout_seconds));
+  o.bind_host =
+    !nf.bind.empty() ? nf.bind : local_address_towards(o.coordinator_host);
+  o.secret = std::make_shared<const transport::job_secret>(
+    transport::job_secret::from_file(secret_file));
+  o.run.job_text = apps::job_text(nf.job_path);
+  o.run.steps = nf.run.stop_after > 0
+                  ? std::min(nf.run.stop_after, job->train.steps)
+                  : job->train.steps;
+  o.run.collect_parameters = !nf.run.export_path.empty();
+  o.on_listening = [host = coordinator_host](std::uint16_t p) {
+    std::cout << "h2-node: coordinator at " << host << ":" << p << std::endl;
+  };
+  o.log = [](const std::string& line) {
+    std::cout << "h2: " << line << std::endl;
+  };
+  return o;
+}
+
+int run_node(node_flags& nf) {
+  // From the start: a signal while a checkpoint loads ends the node too.
+  apps::signal_watcher signals(nullptr);
+  auto setting_up = signals.exiting("h2-node");
+  auto job = apps::load_job(nf.job_path, nf.run);
+  apps::exclude_nodes(*job, nf.exclude);
+  const node_spec& this_node = this_node_of(nf, *job);
+  const int lead = job->nodes.front().rank; // hosts the coordinator
+  const auto [coordinator_host, coordinator_port] = coordinator_of(nf);
   std::string secret_file =
     !nf.secret_file.empty() ? nf.secret_file : job->security.secret_file;
   if (secret_file.empty())
     throw config_error("security.secret_file",
                        "missing: nodes prove the job's secret to each other; "
                        "set it in the job file or pass --secret-file");
-  actors::node_options o;
+  auto o = node_options_of(nf, job, lead, coordinator_host, coordinator_port,
+                           secret_file);
   std::vector<const chip_spec*> mine;
-  for (const auto& c : this_node->chips)
+  for (const auto& c : this_node.chips)
     mine.push_back(&c);
   apps::print_cpu_bf16("h2-node", mine, std::cout);
   if (job->ditorch.check) {
@@ -167,58 +243,9 @@ int run_node(node_flags& nf) {
       o.withdraw = "its chips failed the operator check ([ditorch] check)";
     }
   }
-
-  o.job = job;
-  o.job_digest = transport::job_digest(
-    apps::job_identity(apps::job_text(nf.job_path), nf.exclude));
-  o.rank = nf.rank;
-  o.world_size = nf.world_size;
-  o.coordinator_rank = lead;
-  o.coordinator_host = nf.coordinator.substr(0, colon);
-  o.coordinator_port = static_cast<std::uint16_t>(port);
-  o.join_timeout = std::chrono::ceil<std::chrono::milliseconds>(
-    std::chrono::duration<double>(job->cluster.join_timeout_seconds));
-  o.bind_host =
-    !nf.bind.empty() ? nf.bind : local_address_towards(o.coordinator_host);
-  o.secret = std::make_shared<const transport::job_secret>(
-    transport::job_secret::from_file(secret_file));
-  // The coordinator's node plans (HeteroAuto too) and sends every node
-  // its plan.
   std::optional<double> predicted;
-  if (nf.rank == lead) {
-    auto chosen = apps::choose_plan(nf.run, *job);
-    o.plan_override = std::move(chosen.value);
-    predicted = chosen.predicted_step_seconds;
-    // It reads and checks the whole checkpoint; every node then loads
-    // its own chips' layers from the directory.
-    if (!nf.run.init_from.empty() && job->checkpoint.dir.empty())
-      throw config_error("--init-from",
-                         "over nodes it needs [checkpoint] dir: the converted "
-                         "weights are saved there as step 0 for every node "
-                         "to load");
-    if (auto c = apps::resume_from(nf.run, *job, *o.plan_override,
-                                   apps::job_text(nf.job_path))) {
-      auto located = std::make_shared<runtime::checkpoint>();
-      located->dir = c->dir;
-      located->manifest = c->manifest;
-      o.run.resume = std::move(located);
-    }
-  }
-  o.run.job_text = apps::job_text(nf.job_path);
   if (nf.rank == lead)
-    o.run.replans = apps::replans_from(nf.run, *job);
-  o.run.steps = nf.run.stop_after > 0
-                  ? std::min(nf.run.stop_after, job->train.steps)
-                  : job->train.steps;
-  o.run.collect_parameters = !nf.run.export_path.empty();
-  o.on_listening = [&](std::uint16_t p) {
-    std::cout << "h2-node: coordinator at " << o.coordinator_host << ":" << p
-              << std::endl;
-  };
-
-  o.log = [](const std::string& line) {
-    std::cout << "h2: " << line << std::endl;
-  };
+    predicted = plan_as_lead(nf, *job, o);
 
   apps::metrics_service metrics(*job, nf.run, nf.rank, "h2-node");
   // The coordinator's node serves the admin endpoint.

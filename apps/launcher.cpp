@@ -218,6 +218,157 @@ std::string joined(const std::vector<int>& xs) {
   return out;
 }
 
+/// How one node of an attempt is started.
+struct node_start {
+  const std::vector<int>& excluded;
+  int restarts = 0;
+  int rank = 0;
+  int lead = 0;            ///< the rank that hosts the coordinator
+  std::string coordinator; ///< HOST:PORT (the lead's: port 0)
+  bool metrics = false;
+  int metrics_base = 0; ///< > 0: each node's port is base + rank
+};
+
+/// The argv of h2-node for one node: what every node gets, and what only
+/// the coordinator's node does (logs, plan, export, resume, admin).
+std::vector<std::string> node_argv(const launch_state& ls, const run_flags& f,
+                                   const job_config& job, const node_start& n) {
+  std::vector<std::string> a = {ls.o.node_binary,
+                                "--job",
+                                ls.job_path,
+                                "--node-rank",
+                                std::to_string(n.rank),
+                                "--world-size",
+                                std::to_string(job.nodes.size()),
+                                "--secret-file",
+                                ls.secret,
+                                "--coordinator",
+                                n.coordinator,
+                                "--launcher-pid",
+                                std::to_string(::getpid()),
+                                "--launcher-dir",
+                                ls.temp_dir};
+  if (!n.excluded.empty())
+    a.insert(a.end(), {"--exclude-nodes", joined(n.excluded)});
+  if (n.restarts > 0)
+    a.insert(a.end(), {"--restarts", std::to_string(n.restarts)});
+  if (f.steps > 0)
+    a.insert(a.end(), {"--steps", std::to_string(f.steps)});
+  if (f.join_timeout_seconds) {
+    std::ostringstream seconds;
+    seconds << std::setprecision(std::numeric_limits<double>::max_digits10)
+            << *f.join_timeout_seconds;
+    a.insert(a.end(), {"--join-timeout", seconds.str()});
+  }
+  if (n.metrics)
+    a.insert(a.end(), {"--metrics-port",
+                       std::to_string(
+                         n.metrics_base > 0 ? n.metrics_base + n.rank : 0)});
+  else
+    a.push_back("--no-metrics");
+  if (n.rank == n.lead) {
+    if (!f.json_log.empty())
+      a.insert(a.end(), {"--json-log", f.json_log});
+    if (!f.trace.empty())
+      a.insert(a.end(), {"--trace", f.trace});
+    if (!f.plan_path.empty())
+      a.insert(a.end(), {"--plan", f.plan_path});
+    if (!f.export_path.empty())
+      a.insert(a.end(), {"--export", f.export_path});
+    if (f.stop_after > 0)
+      a.insert(a.end(), {"--stop-after", std::to_string(f.stop_after)});
+    if (!f.resume.empty())
+      a.insert(a.end(), {"--resume", f.resume});
+    if (!f.init_from.empty())
+      a.insert(a.end(), {"--init-from", f.init_from});
+    for (const auto& r : f.replans)
+      a.insert(a.end(), {"--replan", r});
+    if (f.admin_port >= 0)
+      a.insert(a.end(), {"--admin-port", std::to_string(f.admin_port)});
+  }
+  if (f.quiet)
+    a.push_back("--quiet");
+  return a;
+}
+
+/// Prometheus file_sd targets: every node's metrics endpoint.
+void write_targets(const std::string& path, const std::string& job_name,
+                   const std::map<int, std::string>& targets) {
+  nlohmann::json j = nlohmann::json::array();
+  for (const auto& [rank, target] : targets)
+    j.push_back(
+      {{"targets", {target}},
+       {"labels", {{"job", job_name}, {"node", std::to_string(rank)}}}});
+  std::ofstream(path) << j.dump(2) << '\n';
+  std::lock_guard<std::mutex> out(output_mutex);
+  std::printf("h2-launch: Prometheus file_sd targets in %s\n", path.c_str());
+  std::fflush(stdout);
+}
+
+/// Reports every node that did not end cleanly; the code is the lowest
+/// rank's that failed on its own (the coordinator names the root cause),
+/// not that of a node we killed. While stopping, a node killed by a signal
+/// is no failure to restart without.
+void report_ends(const std::vector<child>& children, bool stopping,
+                 attempt& result) {
+  for (const auto& c : children) {
+    int cc = code_of(c.status);
+    if (cc == exit_ok)
+      continue;
+    std::string what;
+    if (WIFSIGNALED(c.status))
+      what = "node " + std::to_string(c.rank) + " was killed by signal " +
+             std::to_string(WTERMSIG(c.status)) +
+             (c.killed ? " (by h2-launch)" : "");
+    else
+      what = "node " + std::to_string(c.rank) + " ended with code " +
+             std::to_string(cc);
+    std::fprintf(stderr, "h2-launch: %s\n", what.c_str());
+    if (WIFSIGNALED(c.status) && !stopping) {
+      result.failed.push_back(c.rank);
+      result.cause += (result.cause.empty() ? "" : "; ") + what;
+    }
+    if (result.code == exit_ok && !c.killed)
+      result.code = cc;
+  }
+  if (result.code == exit_ok)
+    result.code = code_of(children[0].status);
+}
+
+/// Reaps the nodes that ended (returns how many); once one failed, kills
+/// those still running failure_grace later. Once a node fails, the others
+/// end on their own within the failure bound (docs/transport.md); a node
+/// that does not (stopped, wedged) is killed.
+std::size_t
+reap_nodes(std::vector<child>& children,
+           std::optional<std::chrono::steady_clock::time_point>& kill_at) {
+  std::size_t ended = 0;
+  for (auto& c : children) {
+    if (c.pid <= 0)
+      continue;
+    int status = 0;
+    if (::waitpid(c.pid, &status, WNOHANG) == c.pid) {
+      c.status = status;
+      c.pid = -1;
+      ++ended;
+      if (code_of(status) != exit_ok && !kill_at)
+        kill_at = std::chrono::steady_clock::now() + failure_grace;
+    }
+  }
+  if (kill_at && std::chrono::steady_clock::now() >= *kill_at)
+    for (auto& c : children)
+      if (c.pid > 0 && !c.killed) {
+        std::lock_guard<std::mutex> out(output_mutex);
+        std::fprintf(stderr,
+                     "h2-launch: node %d did not end within %lld s of the "
+                     "failure; killing it\n",
+                     c.rank, static_cast<long long>(failure_grace.count()));
+        ::kill(c.pid, SIGKILL);
+        c.killed = true;
+      }
+  return ended;
+}
+
 /// Starts a node for every node of the job that is not `excluded` (the
 /// lowest rank first: it hosts the coordinator), relays their output,
 /// forwards signals and waits for all of them.
@@ -241,62 +392,10 @@ attempt run_nodes(const launch_state& ls, const run_flags& f,
   std::regex metrics_line(R"(metrics at http://([^/\s]+)/metrics)");
 
   auto args_for = [&](int rank) {
-    std::vector<std::string> a = {o.node_binary,
-                                  "--job",
-                                  ls.job_path,
-                                  "--node-rank",
-                                  std::to_string(rank),
-                                  "--world-size",
-                                  std::to_string(job.nodes.size()),
-                                  "--secret-file",
-                                  ls.secret,
-                                  "--coordinator",
-                                  rank == lead ? "127.0.0.1:0" : *coordinator,
-                                  "--launcher-pid",
-                                  std::to_string(::getpid()),
-                                  "--launcher-dir",
-                                  ls.temp_dir};
-    if (!excluded.empty())
-      a.insert(a.end(), {"--exclude-nodes", joined(excluded)});
-    if (restarts > 0)
-      a.insert(a.end(), {"--restarts", std::to_string(restarts)});
-    if (f.steps > 0)
-      a.insert(a.end(), {"--steps", std::to_string(f.steps)});
-    if (f.join_timeout_seconds) {
-      std::ostringstream seconds;
-      seconds << std::setprecision(std::numeric_limits<double>::max_digits10)
-              << *f.join_timeout_seconds;
-      a.insert(a.end(), {"--join-timeout", seconds.str()});
-    }
-    if (metrics)
-      a.insert(a.end(),
-               {"--metrics-port",
-                std::to_string(metrics_base > 0 ? metrics_base + rank : 0)});
-    else
-      a.push_back("--no-metrics");
-    if (rank == lead) {
-      if (!f.json_log.empty())
-        a.insert(a.end(), {"--json-log", f.json_log});
-      if (!f.trace.empty())
-        a.insert(a.end(), {"--trace", f.trace});
-      if (!f.plan_path.empty())
-        a.insert(a.end(), {"--plan", f.plan_path});
-      if (!f.export_path.empty())
-        a.insert(a.end(), {"--export", f.export_path});
-      if (f.stop_after > 0)
-        a.insert(a.end(), {"--stop-after", std::to_string(f.stop_after)});
-      if (!f.resume.empty())
-        a.insert(a.end(), {"--resume", f.resume});
-      if (!f.init_from.empty())
-        a.insert(a.end(), {"--init-from", f.init_from});
-      for (const auto& r : f.replans)
-        a.insert(a.end(), {"--replan", r});
-      if (f.admin_port >= 0)
-        a.insert(a.end(), {"--admin-port", std::to_string(f.admin_port)});
-    }
-    if (f.quiet)
-      a.push_back("--quiet");
-    return a;
+    return node_argv(ls, f, job,
+                     {excluded, restarts, rank, lead,
+                      rank == lead ? "127.0.0.1:0" : *coordinator, metrics,
+                      metrics_base});
   };
   auto watch = [&](int rank) {
     return [&, rank](const std::string& line) {
@@ -349,48 +448,14 @@ attempt run_nodes(const launch_state& ls, const run_flags& f,
 
   bool targets_written = false;
   auto running = children.size();
-  // Once a node fails, the others end on their own within the failure
-  // bound (docs/transport.md); a node that does not (stopped, wedged) is
-  // killed after this grace.
   std::optional<std::chrono::steady_clock::time_point> kill_at;
   while (running > 0) {
     forward();
-    for (auto& c : children) {
-      if (c.pid <= 0)
-        continue;
-      int status = 0;
-      if (::waitpid(c.pid, &status, WNOHANG) == c.pid) {
-        c.status = status;
-        c.pid = -1;
-        --running;
-        if (code_of(status) != exit_ok && !kill_at)
-          kill_at = std::chrono::steady_clock::now() + failure_grace;
-      }
-    }
-    if (kill_at && std::chrono::steady_clock::now() >= *kill_at)
-      for (auto& c : children)
-        if (c.pid > 0 && !c.killed) {
-          std::lock_guard<std::mutex> out(output_mutex);
-          std::fprintf(stderr,
-                       "h2-launch: node %d did not end within %lld s of the "
-                       "failure; killing it\n",
-                       c.rank, static_cast<long long>(failure_grace.count()));
-          ::kill(c.pid, SIGKILL);
-          c.killed = true;
-        }
+    running -= reap_nodes(children, kill_at);
     if (!targets_written && metrics && !o.targets_file.empty()) {
       std::lock_guard<std::mutex> guard(state_mutex);
       if (targets.size() == children.size()) {
-        nlohmann::json j = nlohmann::json::array();
-        for (const auto& [rank, target] : targets)
-          j.push_back(
-            {{"targets", {target}},
-             {"labels", {{"job", job.name}, {"node", std::to_string(rank)}}}});
-        std::ofstream(o.targets_file) << j.dump(2) << '\n';
-        std::lock_guard<std::mutex> out(output_mutex);
-        std::printf("h2-launch: Prometheus file_sd targets in %s\n",
-                    o.targets_file.c_str());
-        std::fflush(stdout);
+        write_targets(o.targets_file, job.name, targets);
         targets_written = true;
       }
     }
@@ -401,32 +466,7 @@ attempt run_nodes(const launch_state& ls, const run_flags& f,
     c.err_reader.join();
   }
 
-  // Reports every node that did not end cleanly; the code is the lowest
-  // rank's that failed on its own (the coordinator names the root cause),
-  // not that of a node we killed.
-  const bool stopping = ls.signals.stop_flag()->load() > 0;
-  for (const auto& c : children) {
-    int cc = code_of(c.status);
-    if (cc == exit_ok)
-      continue;
-    std::string what;
-    if (WIFSIGNALED(c.status))
-      what = "node " + std::to_string(c.rank) + " was killed by signal " +
-             std::to_string(WTERMSIG(c.status)) +
-             (c.killed ? " (by h2-launch)" : "");
-    else
-      what = "node " + std::to_string(c.rank) + " ended with code " +
-             std::to_string(cc);
-    std::fprintf(stderr, "h2-launch: %s\n", what.c_str());
-    if (WIFSIGNALED(c.status) && !stopping) {
-      result.failed.push_back(c.rank);
-      result.cause += (result.cause.empty() ? "" : "; ") + what;
-    }
-    if (result.code == exit_ok && !c.killed)
-      result.code = cc;
-  }
-  if (result.code == exit_ok)
-    result.code = code_of(children[0].status);
+  report_ends(children, ls.signals.stop_flag()->load() > 0, result);
   return result;
 }
 

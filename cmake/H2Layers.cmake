@@ -8,3 +8,14 @@ execute_process(
 if(NOT _h2_layers_result EQUAL 0)
   message(FATAL_ERROR "H2: the module layering is broken (see above)")
 endif()
+
+# The size rules (docs/architecture.md, "Size rules"): no file over 700
+# lines, no function over 100, outside tests, bench and fuzz.
+find_package(Python3 REQUIRED COMPONENTS Interpreter)
+execute_process(
+  COMMAND ${Python3_EXECUTABLE} ${PROJECT_SOURCE_DIR}/cmake/h2_check_lengths.py
+          ${PROJECT_SOURCE_DIR}
+  RESULT_VARIABLE _h2_lengths_result)
+if(NOT _h2_lengths_result EQUAL 0)
+  message(FATAL_ERROR "H2: a source file or function is too long (see above)")
+endif()

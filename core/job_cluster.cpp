@@ -213,6 +213,102 @@ void read_tier(table_reader& topology, std::string_view key,
   t->finish();
 }
 
+/// [plan] mode and schedule ("auto" lets the planner choose the schedule).
+void read_plan_mode_and_schedule(table_reader& t, plan_config& p) {
+  p.mode = enum_value(t, "mode", p.mode, "\"even\", \"manual\", \"auto\"",
+                      [](const std::string& s) -> std::optional<plan_mode> {
+                        if (s == "even")
+                          return plan_mode::even;
+                        if (s == "manual")
+                          return plan_mode::manual;
+                        if (s == "auto")
+                          return plan_mode::automatic;
+                        return std::nullopt;
+                      });
+  if (auto s = t.maybe<std::string>("schedule"); s && *s == "auto") {
+    if (p.mode != plan_mode::automatic)
+      throw config_error(t.path("schedule"),
+                         "\"auto\" lets the planner choose the schedule: it "
+                         "needs mode = \"auto\"");
+    p.search_schedule = true;
+  } else {
+    p.schedule = enum_value(
+      t, "schedule", p.schedule, schedule_kind_choices() + ", \"auto\"",
+      [](const std::string& s) { return parse_schedule_kind(s); });
+  }
+}
+
+/// [plan] layers: every stage's layer count with mode = "manual", absent
+/// otherwise (`layers` is the model's, `stages` the plan's).
+void read_plan_layers(table_reader& t, plan_config& p, const job_config& job,
+                      int chips, int layers, int stages) {
+  const toml::array* layer_counts = t.maybe_array("layers");
+  if (p.mode == plan_mode::manual) {
+    if (layer_counts == nullptr)
+      throw config_error(t.path("layers"),
+                         "missing: plan.mode = \"manual\" needs the layers "
+                         "of every stage");
+    if (static_cast<int>(layer_counts->size()) != stages)
+      throw config_error(
+        t.path("layers"),
+        "has " + std::to_string(layer_counts->size()) +
+          " entries but the plan has " + std::to_string(stages) + " stages (" +
+          std::to_string(chips) + " chips x " +
+          std::to_string(p.chunks_per_chip) + " chunks_per_chip)");
+    int sum = 0;
+    for (std::size_t i = 0; i < layer_counts->size(); ++i) {
+      std::string path = t.path("layers") + "[" + std::to_string(i) + "]";
+      auto v = detail::toml_value<std::int64_t>((*layer_counts)[i], path);
+      if (v < 1 || v > layers)
+        throw config_error(path, "a stage needs between 1 and " +
+                                   std::to_string(layers) + " layers, got " +
+                                   std::to_string(v));
+      p.layers.push_back(static_cast<int>(v));
+      sum += static_cast<int>(v);
+    }
+    if (sum != layers)
+      throw config_error(t.path("layers"), "sums to " + std::to_string(sum) +
+                                             " but the model "
+                                             "has " +
+                                             std::to_string(layers) +
+                                             " layers (" + "embedding + " +
+                                             std::to_string(job.model.n_layer) +
+                                             " blocks + head)");
+  } else {
+    if (layer_counts != nullptr)
+      throw config_error(t.path("layers"),
+                         "only allowed with plan.mode = \"manual\"");
+    // auto: plan.stages lists the chips the planner may use; it chooses
+    // the pipeline depth itself.
+    if (p.mode == plan_mode::even && chips > layers)
+      throw config_error(t.path("stages"), std::to_string(chips) +
+                                             " stages but the model has "
+                                             "only " +
+                                             std::to_string(layers) +
+                                             " layers");
+  }
+}
+
+/// [plan] recompute: one entry per stage (none for every stage if absent).
+void read_plan_recompute(table_reader& t, plan_config& p, int stages) {
+  if (const toml::array* r = t.maybe_array("recompute")) {
+    if (p.mode == plan_mode::automatic)
+      throw config_error(t.path("recompute"),
+                         "not allowed with plan.mode = \"auto\" (the "
+                         "planner decides recomputation per stage)");
+    if (static_cast<int>(r->size()) != stages)
+      throw config_error(t.path("recompute"),
+                         "has " + std::to_string(r->size()) +
+                           " entries but the plan has " +
+                           std::to_string(stages) + " stages");
+    for (std::size_t i = 0; i < r->size(); ++i)
+      p.recompute.push_back(recompute_entry(
+        (*r)[i], t.path("recompute") + "[" + std::to_string(i) + "]"));
+  } else {
+    p.recompute.assign(stages, recompute_policy::none());
+  }
+}
+
 } // namespace
 
 void read_profiles(table_reader& root, job_config& job) {
@@ -280,27 +376,7 @@ void read_plan(table_reader& root, job_config& job) {
   auto t = root.maybe_table("plan");
   if (!t)
     t.emplace(none, "plan");
-  p.mode = enum_value(*t, "mode", p.mode, "\"even\", \"manual\", \"auto\"",
-                      [](const std::string& s) -> std::optional<plan_mode> {
-                        if (s == "even")
-                          return plan_mode::even;
-                        if (s == "manual")
-                          return plan_mode::manual;
-                        if (s == "auto")
-                          return plan_mode::automatic;
-                        return std::nullopt;
-                      });
-  if (auto s = t->maybe<std::string>("schedule"); s && *s == "auto") {
-    if (p.mode != plan_mode::automatic)
-      throw config_error(t->path("schedule"),
-                         "\"auto\" lets the planner choose the schedule: it "
-                         "needs mode = \"auto\"");
-    p.search_schedule = true;
-  } else {
-    p.schedule = enum_value(
-      *t, "schedule", p.schedule, schedule_kind_choices() + ", \"auto\"",
-      [](const std::string& s) { return parse_schedule_kind(s); });
-  }
+  read_plan_mode_and_schedule(*t, p);
   if (const toml::array* a = t->maybe_array("stages")) {
     if (a->empty())
       throw config_error(t->path("stages"), "expected at least one chip id");
@@ -315,67 +391,8 @@ void read_plan(table_reader& root, job_config& job) {
   p.zero1 = t->optional<bool>("zero1", false);
   // Stages of the plan: a chunk each (one per chip unless chunks_per_chip).
   const int stages = chips * p.chunks_per_chip;
-  const toml::array* layer_counts = t->maybe_array("layers");
-  if (p.mode == plan_mode::manual) {
-    if (layer_counts == nullptr)
-      throw config_error(t->path("layers"),
-                         "missing: plan.mode = \"manual\" needs the layers "
-                         "of every stage");
-    if (static_cast<int>(layer_counts->size()) != stages)
-      throw config_error(
-        t->path("layers"),
-        "has " + std::to_string(layer_counts->size()) +
-          " entries but the plan has " + std::to_string(stages) + " stages (" +
-          std::to_string(chips) + " chips x " +
-          std::to_string(p.chunks_per_chip) + " chunks_per_chip)");
-    int sum = 0;
-    for (std::size_t i = 0; i < layer_counts->size(); ++i) {
-      std::string path = t->path("layers") + "[" + std::to_string(i) + "]";
-      auto v = detail::toml_value<std::int64_t>((*layer_counts)[i], path);
-      if (v < 1 || v > layers)
-        throw config_error(path, "a stage needs between 1 and " +
-                                   std::to_string(layers) + " layers, got " +
-                                   std::to_string(v));
-      p.layers.push_back(static_cast<int>(v));
-      sum += static_cast<int>(v);
-    }
-    if (sum != layers)
-      throw config_error(t->path("layers"),
-                         "sums to " + std::to_string(sum) +
-                           " but the model "
-                           "has " +
-                           std::to_string(layers) + " layers (" +
-                           "embedding + " + std::to_string(job.model.n_layer) +
-                           " blocks + head)");
-  } else {
-    if (layer_counts != nullptr)
-      throw config_error(t->path("layers"),
-                         "only allowed with plan.mode = \"manual\"");
-    // auto: plan.stages lists the chips the planner may use; it chooses
-    // the pipeline depth itself.
-    if (p.mode == plan_mode::even && chips > layers)
-      throw config_error(t->path("stages"), std::to_string(chips) +
-                                              " stages but the model has "
-                                              "only " +
-                                              std::to_string(layers) +
-                                              " layers");
-  }
-  if (const toml::array* r = t->maybe_array("recompute")) {
-    if (p.mode == plan_mode::automatic)
-      throw config_error(t->path("recompute"),
-                         "not allowed with plan.mode = \"auto\" (the "
-                         "planner decides recomputation per stage)");
-    if (static_cast<int>(r->size()) != stages)
-      throw config_error(t->path("recompute"),
-                         "has " + std::to_string(r->size()) +
-                           " entries but the plan has " +
-                           std::to_string(stages) + " stages");
-    for (std::size_t i = 0; i < r->size(); ++i)
-      p.recompute.push_back(recompute_entry(
-        (*r)[i], t->path("recompute") + "[" + std::to_string(i) + "]"));
-  } else {
-    p.recompute.assign(stages, recompute_policy::none());
-  }
+  read_plan_layers(*t, p, job, chips, layers, stages);
+  read_plan_recompute(*t, p, stages);
   t->finish();
 }
 

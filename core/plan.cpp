@@ -88,6 +88,87 @@ void reject_unknown(const json& j, const std::set<std::string>& known,
       throw config_error(path.empty() ? k : path + "." + k, "unknown key");
 }
 
+/// One entry of a replica's "stages" (at `spath`).
+stage_plan plan_stage_from_json(const json& js, const std::string& spath) {
+  if (!js.is_object())
+    throw config_error(spath, "expected an object");
+  reject_unknown(js, {"chip", "layers", "recompute"}, spath);
+  stage_plan s;
+  const json& chip = member(js, "chip", spath);
+  auto id =
+    chip.is_string() ? chip_id::parse(chip.get<std::string>()) : std::nullopt;
+  if (!id)
+    throw config_error(spath + ".chip", "expected \"<node>:<index>\"");
+  s.chip = *id;
+  const json& layers = member(js, "layers", spath);
+  // Bounded before get<int>(): a larger number would wrap into a
+  // plausible layer index.
+  auto layer_index = [](const json& v) {
+    return v.is_number_integer() && v.get<long long>() >= 0 &&
+           v.get<long long>() <= (1LL << 30);
+  };
+  if (!layers.is_array() || layers.size() != 2 || !layer_index(layers[0]) ||
+      !layer_index(layers[1]))
+    throw config_error(spath + ".layers",
+                       "expected [first, end] with layer indices in "
+                       "[0, 2^30]");
+  s.first_layer = layers[0].get<int>();
+  s.end_layer = layers[1].get<int>();
+  if (js.contains("recompute")) {
+    const json& rc = js["recompute"];
+    std::optional<recompute_policy> policy;
+    if (rc.is_boolean())
+      policy =
+        rc.get<bool>() ? recompute_policy::whole() : recompute_policy::none();
+    else if (rc.is_string())
+      policy = parse_recompute(rc.get<std::string>());
+    if (!policy)
+      throw config_error(spath + ".recompute",
+                         "expected true, false or " +
+                           std::string(recompute_choices));
+    s.recompute = *policy;
+  }
+  return s;
+}
+
+/// One entry of the plan's "replicas" (at `rpath`) of a plan file of
+/// `version`; `sequences` sums the sequences per step over the replicas so
+/// far.
+replica_plan plan_replica_from_json(const json& jr, const std::string& rpath,
+                                    int version, long long& sequences) {
+  if (!jr.is_object())
+    throw config_error(rpath, "expected an object");
+  reject_unknown(jr, {"micro_batch_size", "micro_batches", "stages"}, rpath);
+  replica_plan r;
+  r.micro_batch_size =
+    int_member(jr, "micro_batch_size", rpath, 1, max_plan_sequences);
+  r.micro_batches =
+    int_member(jr, "micro_batches", rpath, 1, max_plan_sequences);
+  sequences += static_cast<long long>(r.micro_batch_size) * r.micro_batches;
+  if (sequences > max_plan_sequences)
+    throw config_error(rpath + ".micro_batches",
+                       "the plan holds " + std::to_string(sequences) +
+                         " sequences per step so far (micro_batch_size x "
+                         "micro_batches, summed over replicas); at most " +
+                         std::to_string(max_plan_sequences));
+  const json& stages = member(jr, "stages", rpath);
+  if (!stages.is_array() || stages.empty())
+    throw config_error(rpath + ".stages", "expected a non-empty array");
+  for (std::size_t si = 0; si < stages.size(); ++si) {
+    std::string spath = rpath + ".stages[" + std::to_string(si) + "]";
+    stage_plan s = plan_stage_from_json(stages[si], spath);
+    if (version == 1)
+      for (const auto& before : r.stages)
+        if (before.chip == s.chip)
+          throw config_error(spath + ".chip",
+                             "chip " + s.chip.to_string() +
+                               " holds two stages, which a version 1 "
+                               "plan cannot express (write version 2)");
+    r.stages.push_back(s);
+  }
+  return r;
+}
+
 } // namespace
 
 plan plan_from_json(const std::string& text, const std::string& origin) {
@@ -132,76 +213,8 @@ plan plan_from_json(const std::string& text, const std::string& origin) {
     throw config_error(root + ".replicas", "expected a non-empty array");
   for (std::size_t ri = 0; ri < reps.size(); ++ri) {
     std::string rpath = root + ".replicas[" + std::to_string(ri) + "]";
-    const json& jr = reps[ri];
-    if (!jr.is_object())
-      throw config_error(rpath, "expected an object");
-    reject_unknown(jr, {"micro_batch_size", "micro_batches", "stages"}, rpath);
-    replica_plan r;
-    r.micro_batch_size =
-      int_member(jr, "micro_batch_size", rpath, 1, max_plan_sequences);
-    r.micro_batches =
-      int_member(jr, "micro_batches", rpath, 1, max_plan_sequences);
-    sequences += static_cast<long long>(r.micro_batch_size) * r.micro_batches;
-    if (sequences > max_plan_sequences)
-      throw config_error(rpath + ".micro_batches",
-                         "the plan holds " + std::to_string(sequences) +
-                           " sequences per step so far (micro_batch_size x "
-                           "micro_batches, summed over replicas); at most " +
-                           std::to_string(max_plan_sequences));
-    const json& stages = member(jr, "stages", rpath);
-    if (!stages.is_array() || stages.empty())
-      throw config_error(rpath + ".stages", "expected a non-empty array");
-    for (std::size_t si = 0; si < stages.size(); ++si) {
-      std::string spath = rpath + ".stages[" + std::to_string(si) + "]";
-      const json& js = stages[si];
-      if (!js.is_object())
-        throw config_error(spath, "expected an object");
-      reject_unknown(js, {"chip", "layers", "recompute"}, spath);
-      stage_plan s;
-      const json& chip = member(js, "chip", spath);
-      auto id = chip.is_string() ? chip_id::parse(chip.get<std::string>())
-                                 : std::nullopt;
-      if (!id)
-        throw config_error(spath + ".chip", "expected \"<node>:<index>\"");
-      s.chip = *id;
-      const json& layers = member(js, "layers", spath);
-      // Bounded before get<int>(): a larger number would wrap into a
-      // plausible layer index.
-      auto layer_index = [](const json& v) {
-        return v.is_number_integer() && v.get<long long>() >= 0 &&
-               v.get<long long>() <= (1LL << 30);
-      };
-      if (!layers.is_array() || layers.size() != 2 || !layer_index(layers[0]) ||
-          !layer_index(layers[1]))
-        throw config_error(spath + ".layers",
-                           "expected [first, end] with layer indices in "
-                           "[0, 2^30]");
-      s.first_layer = layers[0].get<int>();
-      s.end_layer = layers[1].get<int>();
-      if (js.contains("recompute")) {
-        const json& rc = js["recompute"];
-        std::optional<recompute_policy> policy;
-        if (rc.is_boolean())
-          policy = rc.get<bool>() ? recompute_policy::whole()
-                                  : recompute_policy::none();
-        else if (rc.is_string())
-          policy = parse_recompute(rc.get<std::string>());
-        if (!policy)
-          throw config_error(spath + ".recompute",
-                             "expected true, false or " +
-                               std::string(recompute_choices));
-        s.recompute = *policy;
-      }
-      if (version == 1)
-        for (const auto& before : r.stages)
-          if (before.chip == s.chip)
-            throw config_error(spath + ".chip",
-                               "chip " + s.chip.to_string() +
-                                 " holds two stages, which a version 1 "
-                                 "plan cannot express (write version 2)");
-      r.stages.push_back(s);
-    }
-    p.replicas.push_back(std::move(r));
+    p.replicas.push_back(
+      plan_replica_from_json(reps[ri], rpath, version, sequences));
   }
   return p;
 }

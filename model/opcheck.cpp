@@ -62,14 +62,15 @@ std::int64_t gqa_heads(const gpt_config& g) {
   return g.kv_heads() < g.n_head ? g.kv_heads() : 1;
 }
 
-std::vector<op_case> make_cases(const opcheck_options& o, draws& d) {
+/// The checks of the gpt2 family's operators, in their draw order.
+void add_gpt2_op_cases(const opcheck_options& o, draws& d,
+                       std::vector<op_case>& out) {
   const auto& g = o.shapes;
   const std::int64_t b = o.micro_batch, t = g.seq_len, m = g.d_model,
                      h = g.n_head, hd = g.d_model / g.n_head, f = g.d_ff,
-                     v = g.vocab_size, kv = gqa_heads(g);
+                     v = g.vocab_size;
   // Activations as the model sees them: N(0, 1) after a LayerNorm, weights
   // N(0, 0.02) (GPT-2's initialisation).
-  std::vector<op_case> out;
   out.push_back({"embedding",
                  false,
                  {{"wte", d.normal({v, m}, 0.02)},
@@ -119,6 +120,16 @@ std::vector<op_case> make_cases(const opcheck_options& o, draws& d) {
      {{"x", d.normal({b, h, t, t}, 1)}},
      [](const std::vector<at::Tensor>& x) { return ops::softmax(x[0]); },
      {b, h, t, t}});
+}
+
+/// The checks of the llama family's operators (RMSNorm, RoPE, SwiGLU,
+/// grouped-query attention), in their draw order.
+void add_llama_op_cases(const opcheck_options& o, draws& d,
+                        std::vector<op_case>& out) {
+  const auto& g = o.shapes;
+  const std::int64_t b = o.micro_batch, t = g.seq_len, m = g.d_model,
+                     h = g.n_head, hd = g.d_model / g.n_head, f = g.d_ff,
+                     kv = gqa_heads(g);
   out.push_back(
     {"rms_norm",
      true,
@@ -156,6 +167,14 @@ std::vector<op_case> make_cases(const opcheck_options& o, draws& d) {
                                          ops::causal_mask(t, x[0].device()));
                  },
                  {b, h, t, hd}});
+}
+
+std::vector<op_case> make_cases(const opcheck_options& o, draws& d) {
+  const auto& g = o.shapes;
+  const std::int64_t b = o.micro_batch, t = g.seq_len, v = g.vocab_size;
+  std::vector<op_case> out;
+  add_gpt2_op_cases(o, d, out);
+  add_llama_op_cases(o, d, out);
   out.push_back({"cross_entropy",
                  true,
                  {{"logits", d.normal({b * t, v}, 1)},

@@ -57,6 +57,36 @@ struct planner::impl {
   // Stage 1 and stage 2 (stage_one.cpp, stage_two.cpp).
   std::vector<pipeline_candidate> stage_one();
   stage_two_result stage_two(const pipeline_candidate& c, double bound);
+
+  // Stage 1's parts (stage_one.cpp).
+  /// Bytes of the model's weights, gradients and moments that the chips of
+  /// any replica must hold together, with at most `max_replicas` replicas.
+  double model_static_bytes(int max_replicas) const;
+  /// Whether the chips of `replica` together hold `model_static` bytes.
+  bool replica_may_fit(const std::vector<int>& replica,
+                       double model_static) const;
+  /// Few chips: every layout of disjoint ordered chip lists up to symmetry,
+  /// single pipelines first.
+  std::vector<pipeline_candidate>
+  stage_one_exhaustive(int max_replicas, double model_static) const;
+  /// Per class: a block's forward and backward speed at one sequence per
+  /// micro-batch, as measured (1 / seconds; 0 when no time).
+  std::vector<double> class_speeds();
+  /// Structured layout (a): one pipeline of the classes in some order.
+  /// Appends to `out` without descriptions.
+  void stage_one_single_pipelines(const std::vector<double>& speed,
+                                  double model_static,
+                                  std::vector<pipeline_candidate>& out) const;
+  /// Structured layout (b): R >= 2 identical replicas of mixed classes.
+  /// Appends to `out` without descriptions.
+  void stage_one_identical_replicas(int max_replicas,
+                                    const std::vector<double>& speed,
+                                    double model_static,
+                                    std::vector<pipeline_candidate>& out) const;
+  /// Structured layout (c): every class forms its own identical replicas.
+  /// Appends to `out` without descriptions.
+  void stage_one_class_replicas(int max_replicas, double model_static,
+                                std::vector<pipeline_candidate>& out) const;
 };
 
 /// Sets report.idle_chips and, when some are, report.idle_reason: the best

@@ -84,6 +84,63 @@ std::string time_text(double s, double step) {
   return buf;
 }
 
+/// The legend under the title: a swatch and a name per interval kind,
+/// from x = `left`.
+void write_svg_legend(std::ostream& out, double left) {
+  double lx = left;
+  for (auto [name, kind] :
+       {std::pair{"forward", interval_kind::forward},
+        std::pair{"backward", interval_kind::backward},
+        std::pair{"B (input)", interval_kind::backward_input},
+        std::pair{"W (weight)", interval_kind::backward_weight},
+        std::pair{"idle", interval_kind::wait},
+        std::pair{"all-reduce", interval_kind::allreduce},
+        std::pair{"optimizer", interval_kind::optimizer}}) {
+    out << "<rect x=\"" << number(lx) << "\" y=\"28\" width=\"12\" "
+        << "height=\"12\" fill=\"" << colour(kind) << "\"/>"
+        << "<text x=\"" << number(lx + 16) << "\" y=\"38\">" << name
+        << "</text>\n";
+    lx += 100;
+  }
+}
+
+/// Every interval but idle time (the rows' background shows it) as a bar
+/// in its row, labelled with its micro-batch where it is wide enough;
+/// `x_of` maps seconds to x and `row_of` (replica, stage) to the row.
+template <class XOf, class RowOf>
+void write_svg_intervals(std::ostream& out, const simulation& sim, double top,
+                         double row_h, const XOf& x_of, const RowOf& row_of) {
+  bool chunked = false; // does some chip hold a chunk other than its own?
+  for (const auto& iv : sim.timeline)
+    chunked = chunked || (iv.chunk >= 0 && iv.chunk != iv.stage);
+  for (const auto& iv : sim.timeline) {
+    if (iv.kind == interval_kind::wait)
+      continue; // the background already shows idle time
+    double y = top + row_h * row_of(iv.replica, iv.stage);
+    double x0 = x_of(iv.start_seconds), x1 = x_of(iv.end_seconds);
+    out << "<rect x=\"" << number(x0) << "\" y=\"" << number(y + 3)
+        << "\" width=\"" << number(std::max(0.5, x1 - x0)) << "\" height=\""
+        << number(row_h - 6) << "\" fill=\"" << colour(iv.kind)
+        << "\" stroke=\"white\" stroke-width=\"0.5\"><title>"
+        << to_string(iv.kind);
+    if (iv.micro_batch >= 0)
+      out << " " << iv.micro_batch;
+    if (iv.chunk >= 0)
+      out << " (chunk " << iv.chunk << ")";
+    out << "</title></rect>\n";
+    // Micro-batches as labels; with several chunks per chip "c.i" (chunk c,
+    // micro-batch i).
+    const std::string label = iv.micro_batch < 0 ? ""
+                              : chunked ? std::to_string(iv.chunk) + "." +
+                                            std::to_string(iv.micro_batch)
+                                        : std::to_string(iv.micro_batch);
+    if (!label.empty() && x1 - x0 >= 7.0 * static_cast<double>(label.size()))
+      out << "<text x=\"" << number((x0 + x1) / 2) << "\" y=\""
+          << number(y + 15) << "\" fill=\"white\" text-anchor=\"middle\" "
+          << "font-size=\"9\">" << label << "</text>\n";
+  }
+}
+
 } // namespace
 
 std::string render_svg(const simulation& sim,
@@ -126,21 +183,7 @@ std::string render_svg(const simulation& sim,
       << "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n"
       << "<text x=\"" << number(left) << "\" y=\"18\" font-size=\"14\">"
       << escape(title) << "</text>\n";
-  // Legend.
-  double lx = left;
-  for (auto [name, kind] : {std::pair{"forward", interval_kind::forward},
-                            std::pair{"backward", interval_kind::backward},
-                            std::pair{"B (input)", interval_kind::backward_input},
-                            std::pair{"W (weight)", interval_kind::backward_weight},
-                            std::pair{"idle", interval_kind::wait},
-                            std::pair{"all-reduce", interval_kind::allreduce},
-                            std::pair{"optimizer", interval_kind::optimizer}}) {
-    out << "<rect x=\"" << number(lx) << "\" y=\"28\" width=\"12\" "
-        << "height=\"12\" fill=\"" << colour(kind) << "\"/>"
-        << "<text x=\"" << number(lx + 16) << "\" y=\"38\">" << name
-        << "</text>\n";
-    lx += 100;
-  }
+  write_svg_legend(out, left);
   // Rows: label, idle background, then every interval.
   for (std::size_t i = 0; i < rows.size(); ++i) {
     auto [r, s] = rows[i];
@@ -154,35 +197,7 @@ std::string render_svg(const simulation& sim,
         << number(row_h - 6) << "\" fill=\"" << colour(interval_kind::wait)
         << "\"/>\n";
   }
-  bool chunked = false; // does some chip hold a chunk other than its own?
-  for (const auto& iv : sim.timeline)
-    chunked = chunked || (iv.chunk >= 0 && iv.chunk != iv.stage);
-  for (const auto& iv : sim.timeline) {
-    if (iv.kind == interval_kind::wait)
-      continue; // the background already shows idle time
-    double y = top + row_h * row_of(iv.replica, iv.stage);
-    double x0 = x_of(iv.start_seconds), x1 = x_of(iv.end_seconds);
-    out << "<rect x=\"" << number(x0) << "\" y=\"" << number(y + 3)
-        << "\" width=\"" << number(std::max(0.5, x1 - x0)) << "\" height=\""
-        << number(row_h - 6) << "\" fill=\"" << colour(iv.kind)
-        << "\" stroke=\"white\" stroke-width=\"0.5\"><title>"
-        << to_string(iv.kind);
-    if (iv.micro_batch >= 0)
-      out << " " << iv.micro_batch;
-    if (iv.chunk >= 0)
-      out << " (chunk " << iv.chunk << ")";
-    out << "</title></rect>\n";
-    // Micro-batches as labels; with several chunks per chip "c.i" (chunk c,
-    // micro-batch i).
-    const std::string label =
-      iv.micro_batch < 0 ? ""
-      : chunked ? std::to_string(iv.chunk) + "." + std::to_string(iv.micro_batch)
-                : std::to_string(iv.micro_batch);
-    if (!label.empty() && x1 - x0 >= 7.0 * static_cast<double>(label.size()))
-      out << "<text x=\"" << number((x0 + x1) / 2) << "\" y=\""
-          << number(y + 15) << "\" fill=\"white\" text-anchor=\"middle\" "
-          << "font-size=\"9\">" << label << "</text>\n";
-  }
+  write_svg_intervals(out, sim, top, row_h, x_of, row_of);
   // Time axis.
   const double axis_y = top + row_h * static_cast<double>(rows.size()) + 6;
   out << "<line x1=\"" << number(x_of(0)) << "\" y1=\"" << number(axis_y)

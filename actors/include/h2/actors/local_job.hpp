@@ -5,6 +5,8 @@
 
 #include "h2/runtime/admin.hpp"
 
+#include "h2/actors/errors.hpp"
+#include "h2/actors/fwd.hpp"
 #include "h2/core/cancellation.hpp"
 #include "h2/core/job.hpp"
 #include "h2/core/plan.hpp"
@@ -14,11 +16,13 @@
 #include "h2/transport/channel.hpp"
 
 #include <caf/actor_system_config.hpp>
+#include <caf/fwd.hpp>
 
 #include <atomic>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <vector>
 
 namespace h2::actors {
@@ -92,6 +96,22 @@ public:
   void abort() noexcept;
 
 private:
+  /// The run's context: the plan, the re-plans, the checkpoint writer, the
+  /// watchdog (no chips yet).
+  std::shared_ptr<run_context>
+  context_of(const run_options& opts, runtime::training_observer& observer,
+             std::shared_ptr<std::atomic<int>> stop);
+  /// Wires every pair of chips in-process and spawns the chip actors, each
+  /// with its layers' state when the run resumes.
+  void spawn_chips(caf::actor_system& system, run_context& ctx,
+                   const run_options& opts);
+  /// Asks every chip for its parameters (parameters(), parameters_of()).
+  std::optional<failure> collect_parameters(caf::scoped_actor& self,
+                                            const run_context& ctx);
+  /// Ends the writer and closes every channel; a failed run first gives up
+  /// its save in progress and cancels the chips' work.
+  void release(run_context& ctx, bool failed);
+
   std::shared_ptr<const job_config> job_;
   plan plan_;
   std::shared_ptr<cancellation> cancel_ = std::make_shared<cancellation>();
