@@ -3,6 +3,8 @@
 #include "h2/core/error.hpp"
 #include "h2/runtime/admin.hpp"
 
+#include <nlohmann/json.hpp>
+
 #include <cerrno>
 #include <cstring>
 
@@ -99,7 +101,8 @@ admin_server::admin_server(const admin_config& config,
     : token_(std::move(token)),
       inbox_(std::move(inbox)),
       log_(log),
-      verifier_(token_) {
+      verifier_(token_),
+      session_(runtime::make_admin_session()) {
   const std::string where = config.bind + ":" + std::to_string(config.port);
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
@@ -197,9 +200,21 @@ void admin_server::handle(int fd, const std::string& peer) {
     refuse(e.what());
     return;
   }
+  if (r.asks_session()) {
+    write_all(fd,
+              runtime::admin_ok(nlohmann::json{{"session", session_}}.dump()) +
+                "\n",
+              until);
+    return;
+  }
+  if (r.session != session_) {
+    refuse("unauthorized: sealed for another run of the job (a replay, or "
+           "a stale session: ask for the session again)");
+    return;
+  }
   if (r.seal.sender != 0 ||
       !verifier_.accept(runtime::admin_seal_type(r.command), r.seal,
-                        runtime::admin_payload(r.args))) {
+                        runtime::admin_payload(session_, r.args))) {
     refuse("unauthorized: wrong admin token, or a replayed request");
     return;
   }

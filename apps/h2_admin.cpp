@@ -17,6 +17,7 @@
 #include <cstring>
 #include <fstream>
 #include <iostream>
+#include <map>
 #include <sstream>
 
 #include <fcntl.h>
@@ -37,15 +38,33 @@ public:
   using error::error;
 };
 
+/// The endpoint answered what an H2 job does not send.
+class bad_answer : public error {
+public:
+  using error::error;
+};
+
+/// Bytes an answer may take (the status of 10,240 chips is about 3 MiB).
+constexpr std::size_t max_answer_bytes = std::size_t{64} << 20;
+
 int millis_left(clock::time_point until) {
   auto left =
     std::chrono::duration_cast<std::chrono::milliseconds>(until - clock::now());
   return left.count() > 0 ? static_cast<int>(left.count()) : 0;
 }
 
-/// Sends `line` to HOST:PORT and returns the answer line.
+/// What one call of h2-admin may take: its --timeout, for all its
+/// exchanges together.
+struct deadline {
+  clock::time_point until;
+  std::chrono::seconds timeout; ///< for messages
+};
+
+/// Sends `line` to HOST:PORT and returns the answer line, by `by.until`.
 std::string exchange(const std::string& address, const std::string& line,
-                     std::chrono::seconds timeout) {
+                     const deadline& by) {
+  const auto until = by.until;
+  const auto timeout = by.timeout;
   const auto colon = address.rfind(':');
   if (colon == std::string::npos || colon == 0 || colon + 1 == address.size())
     throw config_error("--address",
@@ -54,7 +73,6 @@ std::string exchange(const std::string& address, const std::string& line,
   if (host.size() > 2 && host.front() == '[' && host.back() == ']')
     host = host.substr(1, host.size() - 2);
   const std::string port = address.substr(colon + 1);
-  const auto until = clock::now() + timeout;
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
@@ -116,8 +134,12 @@ std::string exchange(const std::string& address, const std::string& line,
       if (n <= 0)
         break;
       answer.append(buf, static_cast<std::size_t>(n));
-      if (answer.find('\n') != std::string::npos)
+      if (std::memchr(buf, '\n', static_cast<std::size_t>(n)) != nullptr)
         break;
+      if (answer.size() > max_answer_bytes)
+        throw unreachable(
+          "the endpoint at " + address + " sent an answer larger than " +
+          std::to_string(max_answer_bytes >> 20) + " MiB without an end");
     }
   } catch (...) {
     ::close(fd);
@@ -140,40 +162,131 @@ std::string read_file(const std::string& path) {
   return text.str();
 }
 
-/// h2-admin status without --json.
+/// `j[key]` when it is there and of `kind` ('s' string, 'i' integer,
+/// 'n' number, 'o' object, 'a' array, 'b' boolean); throws bad_answer
+/// naming it otherwise.
+const json& need(const json& j, const std::string& where, const char* key,
+                 char kind) {
+  auto it = j.is_object() ? j.find(key) : j.end();
+  const bool fits = it != j.end() && (kind == 's'   ? it->is_string()
+                                      : kind == 'i' ? it->is_number_integer()
+                                      : kind == 'n' ? it->is_number()
+                                      : kind == 'o' ? it->is_object()
+                                      : kind == 'a' ? it->is_array()
+                                                    : it->is_boolean());
+  if (!fits) {
+    static const std::map<char, const char*> names = {
+      {'s', "a string"},  {'i', "an integer"}, {'n', "a number"},
+      {'o', "an object"}, {'a', "an array"},   {'b', "true or false"}};
+    throw bad_answer(where + "\"" + key + "\" is not " + names.at(kind));
+  }
+  return *it;
+}
+
+/// Checks every field print_status prints.
+void check_status(const json& s) {
+  for (const char* k : {"job", "schedule", "phase"})
+    need(s, "status: ", k, 's');
+  for (const char* k : {"step", "steps", "plan_generation"})
+    need(s, "status: ", k, 'i');
+  need(s, "status: ", "last_step_seconds", 'n');
+  if (s.contains("policy")) {
+    const auto& p = need(s, "status: ", "policy", 'o');
+    need(p, "status policy: ", "mode", 's');
+    for (const char* k : {"window", "min_interval"})
+      need(p, "status policy: ", k, 'i');
+    for (const char* k :
+         {"threshold", "predicted_step_seconds", "best_predicted_step_seconds"})
+      need(p, "status policy: ", k, 'n');
+  }
+  for (const auto& c : need(s, "status: ", "chips", 'a')) {
+    for (const char* k : {"chip", "device"})
+      need(c, "status chip: ", k, 's');
+    for (const char* k : {"replica", "stage", "chunk"})
+      need(c, "status chip: ", k, 'i');
+    need(c, "status chip: ", "throttle", 'n');
+    const auto& layers = need(c, "status chip: ", "layers", 'a');
+    if (layers.size() != 2 || !layers[0].is_number_integer() ||
+        !layers[1].is_number_integer())
+      throw bad_answer("status chip: \"layers\" is not two integers");
+    if (c.contains("compute_factor"))
+      for (const char* k : {"compute_factor", "idle_seconds", "peak_bytes"})
+        need(c, "status chip: ", k, 'n');
+  }
+}
+
+/// The result of a successful `command`, checked: status and plan as the
+/// job sends them, any other command's an object.
+const json& checked_result(const json& answer, const std::string& command) {
+  const auto& result = need(answer, "", "result", 'o');
+  if (command == "status")
+    check_status(result);
+  if (command == "plan") {
+    need(result, "plan: ", "generation", 'i');
+    need(result, "plan: ", "step", 'i');
+    need(result, "plan: ", "plan", 'o');
+  }
+  return result;
+}
+
+/// h2-admin status without --json (check_status checked every field).
 void print_status(const json& s) {
   std::printf("job %s: step %d of %d, plan %d (%s), %s (last step %.4f s)\n",
-              s.value("job", "?").c_str(), s.value("step", 0),
-              s.value("steps", 0), s.value("plan_generation", 0),
-              s.value("schedule", "?").c_str(), s.value("phase", "?").c_str(),
-              s.value("last_step_seconds", 0.0));
+              s["job"].get<std::string>().c_str(), s["step"].get<int>(),
+              s["steps"].get<int>(), s["plan_generation"].get<int>(),
+              s["schedule"].get<std::string>().c_str(),
+              s["phase"].get<std::string>().c_str(),
+              s["last_step_seconds"].get<double>());
   if (s.contains("policy")) {
     const auto& p = s["policy"];
     std::printf("policy %s: threshold %.1f%%, window %d, min interval %d; "
                 "predicted step %.4f s, best within the live limits %.4f s\n",
-                p.value("mode", "?").c_str(), 100.0 * p.value("threshold", 0.0),
-                p.value("window", 0), p.value("min_interval", 0),
-                p.value("predicted_step_seconds", 0.0),
-                p.value("best_predicted_step_seconds", 0.0));
+                p["mode"].get<std::string>().c_str(),
+                100.0 * p["threshold"].get<double>(), p["window"].get<int>(),
+                p["min_interval"].get<int>(),
+                p["predicted_step_seconds"].get<double>(),
+                p["best_predicted_step_seconds"].get<double>());
   }
   std::printf("%-6s %-24s %7s %5s %5s %-9s %8s %7s %9s %10s\n", "chip",
               "device", "replica", "stage", "chunk", "layers", "throttle",
               "speed", "idle s", "peak MiB");
   for (const auto& c : s["chips"]) {
-    const auto layers = c["layers"];
+    const auto& layers = c["layers"];
     char range[32];
     std::snprintf(range, sizeof(range), "[%d, %d)", layers[0].get<int>(),
                   layers[1].get<int>());
     std::printf("%-6s %-24s %7d %5d %5d %-9s %8.2f",
-                c.value("chip", "?").c_str(), c.value("device", "?").c_str(),
-                c.value("replica", 0), c.value("stage", 0), c.value("chunk", 0),
-                range, c.value("throttle", 1.0));
+                c["chip"].get<std::string>().c_str(),
+                c["device"].get<std::string>().c_str(), c["replica"].get<int>(),
+                c["stage"].get<int>(), c["chunk"].get<int>(), range,
+                c["throttle"].get<double>());
     if (c.contains("compute_factor"))
       std::printf(" %6.2fx %9.4f %10.1f", c["compute_factor"].get<double>(),
                   c["idle_seconds"].get<double>(),
                   c["peak_bytes"].get<double>() / (1 << 20));
     std::printf("\n");
   }
+}
+
+/// The endpoint's answer line as JSON: an object whose "ok" is a boolean.
+json parse_answer(const std::string& line) {
+  auto answer = json::parse(line, nullptr, false);
+  if (answer.is_discarded() || !answer.is_object())
+    throw bad_answer("not one JSON object: " + line.substr(0, 200));
+  need(answer, "", "ok", 'b');
+  return answer;
+}
+
+/// The endpoint's session (docs/admin.md, "The protocol").
+std::string session_of(const std::string& address, const deadline& by) {
+  const auto answer = parse_answer(
+    exchange(address, std::string(runtime::admin_session_query), by));
+  const auto& session =
+    need(need(answer, "", "result", 'o'), "session: ", "session", 's');
+  if (!answer["ok"].get<bool>() ||
+      !runtime::is_admin_session(session.get<std::string>()))
+    throw bad_answer("session: not 32 hex digits");
+  return session.get<std::string>();
 }
 
 } // namespace
@@ -220,25 +333,30 @@ int main(int argc, char** argv) {
       std::chrono::duration_cast<std::chrono::nanoseconds>(
         std::chrono::system_clock::now().time_since_epoch())
         .count());
-    const auto request =
-      runtime::seal_admin_request(*token, seq, command, std::move(args));
-    std::string line;
+    const deadline wait{clock::now() + std::chrono::seconds(timeout),
+                        std::chrono::seconds(timeout)};
+    json answer;
     try {
-      line = exchange(address, runtime::encode_admin_request(request),
-                      std::chrono::seconds(timeout));
+      const auto request = runtime::seal_admin_request(
+        *token, seq, session_of(address, wait), command, std::move(args));
+      answer = parse_answer(
+        exchange(address, runtime::encode_admin_request(request), wait));
+      if (answer["ok"].get<bool>())
+        checked_result(answer, command);
     } catch (const unreachable& e) {
       std::cerr << "h2-admin: error: " << e.what() << std::endl;
       return apps::exit_peer_failed;
-    }
-    const auto answer = json::parse(line, nullptr, false);
-    if (answer.is_discarded() || !answer.is_object() ||
-        !answer.contains("ok")) {
-      std::cerr << "h2-admin: error: not an admin endpoint's answer: "
-                << line.substr(0, 200) << std::endl;
+    } catch (const bad_answer& e) {
+      std::cerr << "h2-admin: error: not an H2 admin endpoint's answer: "
+                << e.what() << std::endl;
       return apps::exit_peer_failed;
     }
     if (!answer["ok"].get<bool>()) {
-      std::cerr << "h2-admin: refused: " << answer.value("error", "?")
+      const auto error = answer.find("error");
+      std::cerr << "h2-admin: refused: "
+                << (error != answer.end() && error->is_string()
+                      ? error->get<std::string>().substr(0, 4096)
+                      : std::string("(no reason given)"))
                 << std::endl;
       return apps::exit_failed;
     }

@@ -1,7 +1,10 @@
 #include "h2/runtime/admin.hpp"
 
+#include "h2/core/random.hpp"
+
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cmath>
 
 namespace h2::runtime {
@@ -10,16 +13,37 @@ std::string admin_seal_type(std::string_view command) {
   return "admin/" + std::string(command);
 }
 
-std::string admin_payload(const std::vector<std::string>& args) {
-  return nlohmann::json(args).dump();
+std::string admin_payload(std::string_view session,
+                          const std::vector<std::string>& args) {
+  return std::string(session) + "/" + nlohmann::json(args).dump();
+}
+
+std::string make_admin_session() {
+  unsigned char bytes[16];
+  random_bytes(bytes, sizeof(bytes));
+  static constexpr char digits[] = "0123456789abcdef";
+  std::string out;
+  for (unsigned char b : bytes) {
+    out.push_back(digits[b >> 4]);
+    out.push_back(digits[b & 15]);
+  }
+  return out;
+}
+
+bool is_admin_session(std::string_view s) {
+  return s.size() == 32 && std::all_of(s.begin(), s.end(), [](char c) {
+           return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f');
+         });
 }
 
 admin_request seal_admin_request(const transport::job_secret& token,
-                                 std::uint64_t seq, std::string command,
+                                 std::uint64_t seq, std::string session,
+                                 std::string command,
                                  std::vector<std::string> args) {
   admin_request r;
   r.seal = transport::seal_control(token, admin_seal_type(command), 0, seq,
-                                   admin_payload(args));
+                                   admin_payload(session, args));
+  r.session = std::move(session);
   r.command = std::move(command);
   r.args = std::move(args);
   return r;
@@ -27,6 +51,7 @@ admin_request seal_admin_request(const transport::job_secret& token,
 
 std::string encode_admin_request(const admin_request& r) {
   return nlohmann::json{{"seq", r.seal.seq},
+                        {"session", r.session},
                         {"command", r.command},
                         {"args", r.args},
                         {"mac", r.seal.mac}}
@@ -40,23 +65,33 @@ admin_request decode_admin_request(std::string_view line) {
   const auto j = nlohmann::json::parse(line, nullptr, false);
   if (j.is_discarded() || !j.is_object())
     throw admin_error("malformed request: not a JSON object");
+  admin_request r;
+  if (j.size() == 1 && j.contains("command") &&
+      j["command"] == admin_session_command) {
+    r.command = admin_session_command;
+    return r;
+  }
   auto field = [&](const char* key) -> const nlohmann::json& {
     auto it = j.find(key);
     if (it == j.end())
       throw admin_error(std::string("malformed request: no \"") + key + "\"");
     return *it;
   };
-  admin_request r;
   const auto& seq = field("seq");
   if (!seq.is_number_unsigned())
     throw admin_error("malformed request: \"seq\" is not a positive integer");
   r.seal.seq = seq.get<std::uint64_t>();
+  const auto& session = field("session");
   const auto& command = field("command");
   const auto& mac = field("mac");
-  if (!command.is_string() || !mac.is_string())
-    throw admin_error("malformed request: \"command\" and \"mac\" are strings");
+  if (!session.is_string() || !command.is_string() || !mac.is_string())
+    throw admin_error(
+      "malformed request: \"session\", \"command\" and \"mac\" are strings");
+  r.session = session.get<std::string>();
   r.command = command.get<std::string>();
   r.seal.mac = mac.get<std::string>();
+  if (r.seal.mac.empty())
+    throw admin_error("malformed request: an empty \"mac\"");
   const auto& args = field("args");
   if (!args.is_array())
     throw admin_error("malformed request: \"args\" is not an array");
@@ -65,7 +100,7 @@ admin_request decode_admin_request(std::string_view line) {
       throw admin_error("malformed request: an argument is not a string");
     r.args.push_back(a.get<std::string>());
   }
-  if (j.size() != 4)
+  if (j.size() != 5)
     throw admin_error("malformed request: unknown fields");
   return r;
 }

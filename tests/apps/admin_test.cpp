@@ -9,14 +9,17 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include <atomic>
 #include <chrono>
 #include <csignal>
 #include <cstring>
 #include <regex>
 #include <stdexcept>
+#include <thread>
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -103,13 +106,16 @@ protected:
 
   /// Starts h2-launch on `job` with an admin endpoint on any free port and
   /// a JSON log at `log`, and waits for the endpoint.
-  std::unique_ptr<child_process> start(const std::filesystem::path& job,
-                                       const std::filesystem::path& log) {
+  std::unique_ptr<child_process>
+  start(const std::filesystem::path& job, const std::filesystem::path& log,
+        const std::vector<std::string>& extra = {}) {
+    std::vector<std::string> args = {job.string(), "--admin-port", "0",
+                                     "--json-log", log.string()};
+    args.insert(args.end(), extra.begin(), extra.end());
+    ++launches_;
     auto launch = std::make_unique<child_process>(
-      launch_binary,
-      std::vector<std::string>{job.string(), "--admin-port", "0", "--json-log",
-                               log.string()},
-      dir_ / "stdout.txt", dir_ / "stderr.txt");
+      launch_binary, args, dir_ / ("stdout" + std::to_string(launches_)),
+      dir_ / ("stderr" + std::to_string(launches_)));
     endpoint_ = endpoint_of(*launch);
     EXPECT_FALSE(endpoint_.empty()) << launch->out() << launch->err();
     return launch;
@@ -125,7 +131,15 @@ protected:
   scratch_dir dir_;
   scratch_dir calls_;
   std::string endpoint_;
+  int launches_ = 0;
 };
+
+/// The session of the endpoint on `port`.
+std::string session_at(int port) {
+  const auto answer = nlohmann::json::parse(
+    raw_request(port, std::string(runtime::admin_session_query)));
+  return answer.at("result").at("session").get<std::string>();
+}
 
 TEST_F(apps_admin, an_admin_steers_a_running_job) {
   const auto token = write_token(dir_, "admin.token", "0123456789abcdef-x\n");
@@ -216,6 +230,178 @@ TEST_F(apps_admin, a_sigterm_stops_a_paused_job) {
     << launch.out();
 }
 
+TEST_F(apps_admin, a_captured_request_is_refused_after_a_resume) {
+  const std::string secret = "0123456789abcdef-r";
+  const auto token = write_token(dir_, "admin.token", secret);
+  const auto job =
+    dir_.write("job.toml", admin_job(token, 100000) + "[checkpoint]\ndir = \"" +
+                             (dir_ / "checkpoints").string() + "\"\n");
+  const transport::job_secret key(secret);
+  // An operator's stop, captured on the wire: obeyed once. (Until the run
+  // opens, the endpoint refuses it as "starting"; the next try is sealed
+  // anew.)
+  auto first = start(job, dir_ / "first.jsonl");
+  ASSERT_FALSE(endpoint_.empty());
+  const auto first_session = session_at(port_of(endpoint_));
+  std::uint64_t seq = 0;
+  std::string captured;
+  nlohmann::json stopped;
+  ASSERT_TRUE(first->wait_until(
+    [&] {
+      captured = runtime::encode_admin_request(
+        runtime::seal_admin_request(key, ++seq, first_session, "stop", {}));
+      stopped =
+        nlohmann::json::parse(raw_request(port_of(endpoint_), captured));
+      return stopped["ok"] == true ||
+             stopped.value("error", "").find("starting") == std::string::npos;
+    },
+    60s));
+  ASSERT_EQ(stopped["ok"], true) << stopped.dump();
+  ASSERT_EQ(first->wait(run_timeout).code, 0) << first->err();
+
+  // The job resumed from its checkpoint: the same bytes are refused, and
+  // training goes on until a stop sealed for this run.
+  auto second = start(job, dir_ / "second.jsonl", {"--resume", "latest"});
+  ASSERT_FALSE(endpoint_.empty());
+  const auto replayed =
+    nlohmann::json::parse(raw_request(port_of(endpoint_), captured));
+  EXPECT_EQ(replayed["ok"], false);
+  EXPECT_NE(replayed.value("error", "").find("another run"), std::string::npos)
+    << replayed.dump();
+  EXPECT_TRUE(second->running()) << second->err();
+  run_result stop;
+  ASSERT_TRUE(second->wait_until(
+    [&] {
+      stop = admin(token, {"stop"});
+      return stop.status.code == 0 ||
+             stop.err.find("starting") == std::string::npos;
+    },
+    60s));
+  ASSERT_EQ(stop.status.code, 0) << stop.err;
+  ASSERT_EQ(second->wait(run_timeout).code, 0) << second->err();
+  EXPECT_NE(second->out().find("h2: stopped after"), std::string::npos);
+}
+
+/// A fake admin endpoint: answers the session query as a job does, and
+/// every other request with `hostile` (or, when `drip`, one byte of it
+/// every 100 ms), until the test ends.
+class fake_endpoint {
+public:
+  explicit fake_endpoint(std::string hostile, bool drip = false)
+      : hostile_(std::move(hostile)), drip_(drip) {
+    fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof(a);
+    if (fd_ < 0 || ::bind(fd_, reinterpret_cast<sockaddr*>(&a), len) != 0 ||
+        ::listen(fd_, 8) != 0 ||
+        ::getsockname(fd_, reinterpret_cast<sockaddr*>(&a), &len) != 0)
+      throw std::runtime_error(std::strerror(errno));
+    port_ = ntohs(a.sin_port);
+    thread_ = std::thread([this] { serve(); });
+  }
+  ~fake_endpoint() {
+    done_ = true;
+    thread_.join();
+    ::close(fd_);
+  }
+  std::string address() const { return "127.0.0.1:" + std::to_string(port_); }
+
+private:
+  void serve() {
+    while (!done_) {
+      pollfd p{fd_, POLLIN, 0};
+      if (::poll(&p, 1, 50) != 1)
+        continue;
+      const int c = ::accept(fd_, nullptr, nullptr);
+      if (c < 0)
+        continue;
+      std::string line;
+      char ch = 0;
+      while (::recv(c, &ch, 1, 0) == 1 && ch != '\n')
+        line.push_back(ch);
+      const std::string out =
+        line == runtime::admin_session_query
+          ? R"({"ok":true,"result":{"session":"00112233445566778899aabbccddeeff"}})"
+            "\n"
+          : hostile_;
+      for (std::size_t at = 0; at < out.size() && !done_;) {
+        const std::size_t n = drip_ ? 1 : out.size() - at;
+        const ssize_t sent = ::send(c, out.data() + at, n, MSG_NOSIGNAL);
+        if (sent <= 0)
+          break; // h2-admin gave up
+        at += static_cast<std::size_t>(sent);
+        if (drip_ && line != runtime::admin_session_query)
+          std::this_thread::sleep_for(100ms);
+      }
+      ::close(c);
+    }
+  }
+
+  std::string hostile_;
+  bool drip_;
+  int fd_ = -1;
+  std::uint16_t port_ = 0;
+  std::atomic<bool> done_{false};
+  std::thread thread_;
+};
+
+TEST_F(apps_admin, hostile_answers_give_an_error_not_a_crash) {
+  const auto token = write_token(dir_, "admin.token", "0123456789abcdef-h\n");
+  struct hostile_case {
+    std::vector<std::string> command;
+    std::string answer;
+    int code;
+    std::string says;
+  };
+  const std::vector<hostile_case> cases = {
+    {{"plan"}, "{\"ok\":true}\n", 3, "\"result\" is not an object"},
+    {{"plan"},
+     "{\"ok\":true,\"result\":{\"generation\":1}}\n",
+     3,
+     "plan: \"step\" is not an integer"},
+    {{"status"},
+     "{\"ok\":true,\"result\":{\"job\":\"j\",\"schedule\":\"1f1b\"}}\n",
+     3,
+     "status: \"phase\" is not a string"},
+    {{"status"},
+     R"({"ok":true,"result":{"job":"j","schedule":"1f1b","phase":"running",)"
+     R"("step":1,"steps":2,"plan_generation":0,"last_step_seconds":1,)"
+     R"("chips":[{"chip":"0:0","device":"d","replica":0,"stage":0,)"
+     R"("chunk":0,"throttle":1,"layers":[0,1],"compute_factor":1}]}})"
+     "\n",
+     3,
+     "\"idle_seconds\" is not a number"},
+    {{"stop"}, "{\"ok\":\"yes\"}\n", 3, "\"ok\" is not true or false"},
+    {{"stop"}, "{\"ok\":false}\n", 1, "(no reason given)"},
+    {{"stop"}, "[1,2]\n", 3, "not one JSON object"},
+    {{"status"},
+     std::string(std::size_t{200} << 20, 'x'),
+     3,
+     "larger than 64 MiB"},
+  };
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.answer.substr(0, 60));
+    fake_endpoint fake(c.answer);
+    std::vector<std::string> args = {"--address", fake.address(),
+                                     "--token-file", token.string()};
+    args.insert(args.end(), c.command.begin(), c.command.end());
+    const auto r = run_to_end(admin_binary, args, calls_, 60s);
+    EXPECT_EQ(r.status.code, c.code) << r.status.describe() << r.err;
+    EXPECT_NE(r.err.find(c.says), std::string::npos) << r.err;
+    expect_one_line(r.err);
+  }
+  // An answer that never ends keeps to --timeout, however it trickles.
+  fake_endpoint slow(std::string(1000, ' '), true);
+  const auto r = run_to_end(admin_binary,
+                            {"--address", slow.address(), "--token-file",
+                             token.string(), "--timeout", "2", "status"},
+                            calls_, 60s);
+  EXPECT_EQ(r.status.code, 3) << r.status.describe() << r.err;
+  EXPECT_NE(r.err.find("within 2 s"), std::string::npos) << r.err;
+}
+
 TEST_F(apps_admin, refused_requests_change_nothing) {
   const std::string secret = "0123456789abcdef-y";
   const auto token = write_token(dir_, "admin.token", secret);
@@ -241,10 +427,11 @@ TEST_F(apps_admin, refused_requests_change_nothing) {
   const transport::job_secret key(secret);
   std::uint64_t seq = 1;
   // A request line sealed with the right token, each with the next seq.
+  const auto session = session_at(port);
   auto sealed = [&](const std::string& command,
                     std::vector<std::string> args = {}) {
-    return runtime::encode_admin_request(
-      runtime::seal_admin_request(key, ++seq, command, std::move(args)));
+    return runtime::encode_admin_request(runtime::seal_admin_request(
+      key, ++seq, session, command, std::move(args)));
   };
   auto answer_to = [&](const std::string& line) {
     return nlohmann::json::parse(raw_request(port, line));
@@ -298,7 +485,7 @@ TEST_F(apps_admin, refused_requests_change_nothing) {
   const auto status_line = sealed("status");
   EXPECT_EQ(answer_to(status_line)["ok"], true);
   refused(status_line, "unauthorized"); // the same request again: a replay
-  auto forged = runtime::seal_admin_request(key, ++seq, "pause", {});
+  auto forged = runtime::seal_admin_request(key, ++seq, session, "pause", {});
   forged.command = "stop";
   refused(runtime::encode_admin_request(forged), "unauthorized");
   ASSERT_EQ(answer_to(sealed("resume"))["ok"], true);

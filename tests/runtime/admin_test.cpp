@@ -24,9 +24,11 @@ namespace h2::runtime {
 namespace {
 
 const transport::job_secret token("a-long-enough-admin-token");
+const std::string session = make_admin_session();
 
 TEST(runtime_admin, a_sealed_request_round_trips_and_verifies_once) {
-  const auto r = seal_admin_request(token, 42, "throttle", {"0:1", "2"});
+  const auto r =
+    seal_admin_request(token, 42, session, "throttle", {"0:1", "2"});
   const auto back = decode_admin_request(encode_admin_request(r));
   EXPECT_EQ(back.command, "throttle");
   EXPECT_EQ(back.args, (std::vector<std::string>{"0:1", "2"}));
@@ -35,22 +37,34 @@ TEST(runtime_admin, a_sealed_request_round_trips_and_verifies_once) {
     std::make_shared<const transport::job_secret>(token));
   auto check = [&](const admin_request& x) {
     return verifier.accept(admin_seal_type(x.command), x.seal,
-                           admin_payload(x.args));
+                           admin_payload(session, x.args));
   };
   EXPECT_TRUE(check(back));
   EXPECT_FALSE(check(back)) << "a replay";
-  auto older = seal_admin_request(token, 41, "status", {});
+  auto older = seal_admin_request(token, 41, session, "status", {});
   EXPECT_FALSE(check(older)) << "a sequence number below one accepted";
   auto wrong = seal_admin_request(transport::job_secret("another-token-16b"),
-                                  43, "status", {});
+                                  43, session, "status", {});
   EXPECT_FALSE(check(wrong)) << "another token";
-  auto tampered = seal_admin_request(token, 44, "throttle", {"0:1", "2"});
+  auto tampered =
+    seal_admin_request(token, 44, session, "throttle", {"0:1", "2"});
   tampered.args[1] = "200";
   EXPECT_FALSE(check(tampered)) << "arguments changed after sealing";
-  auto renamed = seal_admin_request(token, 45, "pause", {});
+  auto renamed = seal_admin_request(token, 45, session, "pause", {});
   renamed.command = "stop";
   EXPECT_FALSE(check(renamed)) << "command changed after sealing";
-  EXPECT_TRUE(check(seal_admin_request(token, 46, "status", {})));
+  EXPECT_TRUE(check(seal_admin_request(token, 46, session, "status", {})));
+  // Sealed for another run's session: the MAC covers the session.
+  auto other_run =
+    seal_admin_request(token, 47, make_admin_session(), "status", {});
+  other_run.session = session;
+  EXPECT_FALSE(check(other_run)) << "sealed for another session";
+  EXPECT_EQ(back.session, session);
+  EXPECT_TRUE(is_admin_session(session));
+  EXPECT_NE(make_admin_session(), session);
+  EXPECT_FALSE(is_admin_session("0123"));
+  EXPECT_TRUE(decode_admin_request(admin_session_query).asks_session());
+  EXPECT_FALSE(back.asks_session());
 }
 
 TEST(runtime_admin, malformed_requests_are_refused_with_a_reason) {
@@ -59,13 +73,20 @@ TEST(runtime_admin, malformed_requests_are_refused_with_a_reason) {
     {"stop", "not a JSON object"},
     {"[1, 2]", "not a JSON object"},
     {R"({"command": "stop", "args": [], "mac": "00"})", "no \"seq\""},
-    {R"({"seq": -1, "command": "stop", "args": [], "mac": "00"})", "\"seq\""},
-    {R"({"seq": 1, "command": 5, "args": [], "mac": "00"})", "strings"},
-    {R"({"seq": 1, "command": "stop", "args": "x", "mac": "00"})",
+    {R"({"seq": 1, "command": "stop", "args": [], "mac": "00"})",
+     "no \"session\""},
+    {R"({"command": "session", "mac": "00"})", "no \"seq\""},
+    {R"({"seq": 1, "session": "", "command": "stop", "args": [], "mac": ""})",
+     "empty \"mac\""},
+    {R"({"seq": -1, "session": "", "command": "stop", "args": [], "mac": "00"})",
+     "\"seq\""},
+    {R"({"seq": 1, "session": "", "command": 5, "args": [], "mac": "00"})",
+     "strings"},
+    {R"({"seq": 1, "session": "", "command": "stop", "args": "x", "mac": "00"})",
      "not an array"},
-    {R"({"seq": 1, "command": "stop", "args": [1], "mac": "00"})",
+    {R"({"seq": 1, "session": "", "command": "stop", "args": [1], "mac": "00"})",
      "not a string"},
-    {R"({"seq": 1, "command": "stop", "args": [], "mac": "00", "x": 1})",
+    {R"({"seq": 1, "session": "", "command": "stop", "args": [], "mac": "00", "x": 1})",
      "unknown fields"},
     {std::string(max_admin_request_bytes + 1, ' '), "longer than"},
   };

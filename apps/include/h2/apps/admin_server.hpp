@@ -49,6 +49,9 @@ private:
   std::shared_ptr<runtime::admin_inbox> inbox_;
   std::FILE* log_;
   transport::control_verifier verifier_;
+  /// This process's session: the seals of requests to another run of the
+  /// job (a restart, a resume) do not verify here.
+  std::string session_;
   int listen_fd_ = -1;
   std::uint16_t port_ = 0;
   std::atomic<bool> stopping_{false};

@@ -5,10 +5,14 @@
 // out).
 //
 // One request per connection, one JSON object on one line:
-//   {"seq": N, "command": "throttle", "args": ["0:1", "2"], "mac": "<hex>"}
+//   {"seq": N, "session": "<hex>", "command": "throttle",
+//    "args": ["0:1", "2"], "mac": "<hex>"}
 // sealed with HMAC-SHA256 under the admin token over the sender (0), the
-// sequence number, "admin/<command>" and the arguments
-// (transport::control_seal). The endpoint refuses a wrong MAC and any
+// sequence number, "admin/<command>", the session and the arguments
+// (transport::control_seal). The session is the endpoint's own random
+// number, new in every process: a client asks for it first with the
+// unsealed line {"command": "session"}. The endpoint refuses a wrong MAC
+// (another token, a change after sealing, another run's session) and any
 // sequence number at or below the last one it accepted (a replay). The
 // answer is one line: {"ok": true, "result": ...} or
 // {"ok": false, "error": "..."}.
@@ -45,24 +49,44 @@ inline constexpr std::size_t max_admin_request_bytes = std::size_t{1} << 20;
 /// The type a request's seal covers: "admin/<command>".
 std::string admin_seal_type(std::string_view command);
 
-/// What the seal of a request covers besides its type: the arguments.
-std::string admin_payload(const std::vector<std::string>& args);
+/// What the seal of a request covers besides its type: the endpoint's
+/// session and the arguments.
+std::string admin_payload(std::string_view session,
+                          const std::vector<std::string>& args);
+
+/// The unsealed request for the endpoint's session, and its command.
+inline constexpr std::string_view admin_session_query =
+  R"({"command":"session"})";
+inline constexpr std::string_view admin_session_command = "session";
+
+/// A session: 32 lowercase hex digits (16 random bytes).
+std::string make_admin_session();
+bool is_admin_session(std::string_view s);
 
 struct admin_request {
   transport::control_seal seal; ///< sender 0, the client's sequence number
+  std::string session;          ///< the endpoint's, as the client asked
   std::string command;
   std::vector<std::string> args;
+
+  /// {"command": "session"}: nothing sealed, the endpoint tells its
+  /// session.
+  bool asks_session() const {
+    return command == admin_session_command && seal.mac.empty();
+  }
 };
 
-/// The request `command args...` sealed under `token` with sequence number
-/// `seq` (h2-admin uses the wall clock in nanoseconds, so that successive
-/// clients' numbers rise).
+/// The request `command args...` for the endpoint's `session`, sealed
+/// under `token` with sequence number `seq` (h2-admin uses the wall clock
+/// in nanoseconds, so that successive clients' numbers rise).
 admin_request seal_admin_request(const transport::job_secret& token,
-                                 std::uint64_t seq, std::string command,
+                                 std::uint64_t seq, std::string session,
+                                 std::string command,
                                  std::vector<std::string> args);
 
 /// One line (no newline) and back. decode throws admin_error("malformed
-/// request: ...") for anything but a well-formed request.
+/// request: ...") for anything but a well-formed request or the session
+/// query.
 std::string encode_admin_request(const admin_request& r);
 admin_request decode_admin_request(std::string_view line);
 
