@@ -4,6 +4,7 @@
 #include "h2/actors/cluster.hpp"
 #include "h2/actors/errors.hpp"
 #include "h2/apps/exit_codes.hpp"
+#include "h2/apps/node_report.hpp"
 #include "h2/apps/opcheck.hpp"
 #include "h2/apps/reporter.hpp"
 #include "h2/apps/session.hpp"
@@ -36,6 +37,7 @@ struct node_flags {
   int restarts = 0;
   std::string test_fault; ///< --test-fault: tests of the [ditorch] check
   pid_t launcher_pid = 0;   ///< --launcher-pid: h2-launch --nodes sets it
+  int report_fd = -1;       ///< --report-fd: where h2-launch reads events
   std::string launcher_dir; ///< --launcher-dir: its temporary directory
   apps::run_flags run;
 };
@@ -199,16 +201,33 @@ actors::node_options node_options_of(const node_flags& nf,
                   ? std::min(nf.run.stop_after, job->train.steps)
                   : job->train.steps;
   o.run.collect_parameters = !nf.run.export_path.empty();
-  o.on_listening = [host = coordinator_host](std::uint16_t p) {
-    std::cout << "h2-node: coordinator at " << host << ":" << p << std::endl;
-  };
   o.log = [](const std::string& line) {
     std::cout << "h2: " << line << std::endl;
   };
   return o;
 }
 
+/// What this node reports: the coordinator's node the run's progress,
+/// logs and trace; the others only what goes wrong.
+apps::reporter_options reporter_options_of(const node_flags& nf,
+                                           const job_config& job, int lead,
+                                           std::optional<double> predicted) {
+  apps::reporter_options ro;
+  ro.total_steps = job.train.steps;
+  ro.quiet = nf.run.quiet || nf.rank != lead;
+  ro.restarts = nf.restarts;
+  if (nf.rank == lead) {
+    ro.json_log = nf.run.json_log;
+    ro.trace = nf.run.trace;
+    ro.predicted_step_seconds = predicted;
+  }
+  return ro;
+}
+
 int run_node(node_flags& nf) {
+  // What h2-launch --nodes learns of this node, on a channel of its own.
+  apps::node_report report(nf.report_fd);
+  report.state("starting");
   // From the start: a signal while a checkpoint loads ends the node too.
   apps::signal_watcher signals(nullptr);
   auto setting_up = signals.exiting("h2-node");
@@ -225,6 +244,10 @@ int run_node(node_flags& nf) {
                        "set it in the job file or pass --secret-file");
   auto o = node_options_of(nf, job, lead, coordinator_host, coordinator_port,
                            secret_file);
+  o.on_listening = [&report, host = coordinator_host](std::uint16_t p) {
+    std::cout << "h2-node: coordinator at " << host << ":" << p << std::endl;
+    report.listening("coordinator", host, p);
+  };
   std::vector<const chip_spec*> mine;
   for (const auto& c : this_node.chips)
     mine.push_back(&c);
@@ -248,21 +271,17 @@ int run_node(node_flags& nf) {
     predicted = plan_as_lead(nf, *job, o);
 
   apps::metrics_service metrics(*job, nf.run, nf.rank, "h2-node");
+  if (metrics.port() != 0)
+    report.listening("metrics", job->metrics.bind, metrics.port());
   // The coordinator's node serves the admin endpoint.
   std::optional<apps::admin_service> admin;
   if (nf.rank == lead) {
     admin.emplace(*job, nf.run, "h2-node");
+    if (admin->port() != 0)
+      report.listening("admin", job->admin.bind, admin->port());
     o.run.admin = admin->inbox();
   }
-  apps::reporter_options ro;
-  ro.total_steps = job->train.steps;
-  ro.quiet = nf.run.quiet || nf.rank != lead;
-  ro.restarts = nf.restarts;
-  if (nf.rank == lead) {
-    ro.json_log = nf.run.json_log;
-    ro.trace = nf.run.trace;
-    ro.predicted_step_seconds = predicted;
-  }
+  const auto ro = reporter_options_of(nf, *job, lead, predicted);
   apps::reporter reporter(*job, ro, metrics.registry());
   o.observer = &reporter;
 
@@ -270,6 +289,7 @@ int run_node(node_flags& nf) {
   // before it exists, and outlives it).
   o.stop = signals.stop_flag();
   setting_up.reset();
+  report.state("joining");
   actors::cluster_node node(o);
   const auto abort_node = signals.aborting([&node] { node.abort(); });
   actors::node_outcome outcome;
@@ -345,6 +365,12 @@ int main(int argc, char** argv) {
                 "check")
     ->group(""); // hidden: not for users
   // h2-launch --nodes: this node ends when the launcher is gone.
+  cli
+    .add_option("--report-fd", nf.report_fd,
+                "A pipe to h2-launch: JSON lines of where this node listens "
+                "and its state (docs/cli.md)")
+    ->check(CLI::NonNegativeNumber)
+    ->group("");
   cli.add_option("--launcher-pid", nf.launcher_pid, "h2-launch's pid")
     ->check(CLI::PositiveNumber)
     ->group("");

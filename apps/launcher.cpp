@@ -1,6 +1,7 @@
 #include "h2/apps/launcher.hpp"
 
 #include "h2/apps/exit_codes.hpp"
+#include "h2/apps/node_report.hpp"
 #include "h2/apps/signals.hpp"
 #include "h2/core/error.hpp"
 #include "h2/core/files.hpp"
@@ -24,7 +25,6 @@
 #include <map>
 #include <mutex>
 #include <optional>
-#include <regex>
 #include <spawn.h>
 #include <sstream>
 #include <sys/stat.h>
@@ -50,9 +50,13 @@ namespace {
 struct child {
   int rank = 0;
   pid_t pid = -1;
-  int out = -1; ///< read end of its stdout
-  int err = -1; ///< read end of its stderr
-  std::thread out_reader, err_reader;
+  int out = -1;    ///< read end of its stdout
+  int err = -1;    ///< read end of its stderr
+  int report = -1; ///< read end of its events (node_report)
+  std::thread out_reader, err_reader, report_reader;
+  /// The last state it reported (node_report::state), under the launch's
+  /// state mutex while it runs.
+  std::string state;
   int status = 0;
   bool killed = false; ///< by us, after a failure elsewhere
 };
@@ -63,8 +67,7 @@ constexpr std::chrono::seconds failure_grace{8};
 /// Writes whole lines to our stdout/stderr, never interleaved mid-line.
 std::mutex output_mutex;
 
-void relay(int fd, FILE* to, const std::string& prefix,
-           const std::function<void(const std::string&)>& on_line) {
+void relay(int fd, FILE* to, const std::string& prefix) {
   std::string pending;
   char buf[4096];
   for (;;) {
@@ -76,8 +79,6 @@ void relay(int fd, FILE* to, const std::string& prefix,
     while ((nl = pending.find('\n')) != std::string::npos) {
       std::string line = pending.substr(0, nl);
       pending.erase(0, nl + 1);
-      if (on_line)
-        on_line(line);
       std::lock_guard<std::mutex> guard(output_mutex);
       std::fprintf(to, "%s%s\n", prefix.c_str(), line.c_str());
       std::fflush(to);
@@ -90,21 +91,49 @@ void relay(int fd, FILE* to, const std::string& prefix,
   ::close(fd);
 }
 
-void spawn(child& c, const std::vector<std::string>& args,
-           const std::function<void(const std::string&)>& on_line) {
-  int out[2], err[2];
-  if (::pipe2(out, O_CLOEXEC) != 0)
-    throw error(std::string("cannot create pipes: ") + std::strerror(errno));
-  if (::pipe2(err, O_CLOEXEC) != 0) {
-    const int e = errno;
-    ::close(out[0]);
-    ::close(out[1]);
-    throw error(std::string("cannot create pipes: ") + std::strerror(e));
+/// Reads a node's events (JSON lines, node_report) until it closes them.
+void read_events(int fd, const std::function<void(const node_event&)>& on) {
+  std::string pending;
+  char buf[4096];
+  for (ssize_t n; (n = ::read(fd, buf, sizeof(buf))) > 0;) {
+    pending.append(buf, static_cast<std::size_t>(n));
+    std::size_t nl;
+    while ((nl = pending.find('\n')) != std::string::npos) {
+      if (auto e = parse_node_event(std::string_view(pending).substr(0, nl)))
+        on(*e);
+      pending.erase(0, nl + 1);
+    }
+    if (pending.size() > 4096) // no event is that long
+      pending.clear();
   }
+  ::close(fd);
+}
+
+/// The fd a node writes its events to (--report-fd).
+constexpr int report_fd = 3;
+
+/// Starts a node with `args`; relays its output and hands its events to
+/// `on_event` on threads of their own.
+void spawn(child& c, const std::vector<std::string>& args,
+           const std::function<void(const node_event&)>& on_event) {
+  int pipes[3][2];
+  for (int i = 0; i < 3; ++i)
+    if (::pipe2(pipes[i], O_CLOEXEC) != 0) {
+      const int e = errno;
+      for (int j = 0; j < i; ++j) {
+        ::close(pipes[j][0]);
+        ::close(pipes[j][1]);
+      }
+      throw error(std::string("cannot create pipes: ") + std::strerror(e));
+    }
+  int* out = pipes[0];
+  int* err = pipes[1];
+  int* rep = pipes[2];
   posix_spawn_file_actions_t actions;
   posix_spawn_file_actions_init(&actions);
   posix_spawn_file_actions_adddup2(&actions, out[1], 1);
   posix_spawn_file_actions_adddup2(&actions, err[1], 2);
+  posix_spawn_file_actions_adddup2(&actions, rep[1], report_fd);
   posix_spawnattr_t attr;
   posix_spawnattr_init(&attr);
   // Children take signals normally (we block them in this process); we
@@ -123,17 +152,21 @@ void spawn(child& c, const std::vector<std::string>& args,
   posix_spawnattr_destroy(&attr);
   ::close(out[1]);
   ::close(err[1]);
+  ::close(rep[1]);
   if (rc != 0) {
     ::close(out[0]);
     ::close(err[0]);
+    ::close(rep[0]);
     throw error("cannot start " + args[0] + ": " + std::strerror(rc));
   }
   c.out = out[0];
   c.err = err[0];
+  c.report = rep[0];
   std::string prefix =
     c.rank == 0 ? std::string() : "[node " + std::to_string(c.rank) + "] ";
-  c.out_reader = std::thread(relay, c.out, stdout, prefix, on_line);
-  c.err_reader = std::thread(relay, c.err, stderr, prefix, nullptr);
+  c.out_reader = std::thread(relay, c.out, stdout, prefix);
+  c.err_reader = std::thread(relay, c.err, stderr, prefix);
+  c.report_reader = std::thread(read_events, c.report, on_event);
 }
 
 /// A private temporary directory (mode 700), removed with everything in
@@ -229,8 +262,9 @@ struct node_start {
   int metrics_base = 0; ///< > 0: each node's port is base + rank
 };
 
-/// The argv of h2-node for one node: what every node gets, and what only
-/// the coordinator's node does (logs, plan, export, resume, admin).
+/// The argv of h2-node for one node: where it is in the job, its metrics
+/// port, and the run flags (run_flag_table: those of every node, and the
+/// coordinator's own for the lowest rank).
 std::vector<std::string> node_argv(const launch_state& ls, const run_flags& f,
                                    const job_config& job, const node_start& n) {
   std::vector<std::string> a = {ls.o.node_binary,
@@ -252,42 +286,15 @@ std::vector<std::string> node_argv(const launch_state& ls, const run_flags& f,
     a.insert(a.end(), {"--exclude-nodes", joined(n.excluded)});
   if (n.restarts > 0)
     a.insert(a.end(), {"--restarts", std::to_string(n.restarts)});
-  if (f.steps > 0)
-    a.insert(a.end(), {"--steps", std::to_string(f.steps)});
-  if (f.join_timeout_seconds) {
-    std::ostringstream seconds;
-    seconds << std::setprecision(std::numeric_limits<double>::max_digits10)
-            << *f.join_timeout_seconds;
-    a.insert(a.end(), {"--join-timeout", seconds.str()});
-  }
   if (n.metrics)
     a.insert(a.end(), {"--metrics-port",
                        std::to_string(
                          n.metrics_base > 0 ? n.metrics_base + n.rank : 0)});
   else
     a.push_back("--no-metrics");
-  if (n.rank == n.lead) {
-    if (!f.json_log.empty())
-      a.insert(a.end(), {"--json-log", f.json_log});
-    if (!f.trace.empty())
-      a.insert(a.end(), {"--trace", f.trace});
-    if (!f.plan_path.empty())
-      a.insert(a.end(), {"--plan", f.plan_path});
-    if (!f.export_path.empty())
-      a.insert(a.end(), {"--export", f.export_path});
-    if (f.stop_after > 0)
-      a.insert(a.end(), {"--stop-after", std::to_string(f.stop_after)});
-    if (!f.resume.empty())
-      a.insert(a.end(), {"--resume", f.resume});
-    if (!f.init_from.empty())
-      a.insert(a.end(), {"--init-from", f.init_from});
-    for (const auto& r : f.replans)
-      a.insert(a.end(), {"--replan", r});
-    if (f.admin_port >= 0)
-      a.insert(a.end(), {"--admin-port", std::to_string(f.admin_port)});
-  }
-  if (f.quiet)
-    a.push_back("--quiet");
+  a.insert(a.end(), {"--report-fd", std::to_string(report_fd)});
+  const auto run = run_flags_argv(f, n.rank == n.lead);
+  a.insert(a.end(), run.begin(), run.end());
   return a;
 }
 
@@ -319,7 +326,8 @@ void report_ends(const std::vector<child>& children, bool stopping,
     if (WIFSIGNALED(c.status))
       what = "node " + std::to_string(c.rank) + " was killed by signal " +
              std::to_string(WTERMSIG(c.status)) +
-             (c.killed ? " (by h2-launch)" : "");
+             (c.killed ? " (by h2-launch)" : "") +
+             (c.state == "starting" ? " before it joined" : "");
     else
       what = "node " + std::to_string(c.rank) + " ended with code " +
              std::to_string(cc);
@@ -388,8 +396,6 @@ attempt run_nodes(const launch_state& ls, const run_flags& f,
   std::condition_variable coordinator_known;
   std::optional<std::string> coordinator;
   std::map<int, std::string> targets;
-  std::regex coordinator_line(R"(coordinator at (\S+:\d+))");
-  std::regex metrics_line(R"(metrics at http://([^/\s]+)/metrics)");
 
   auto args_for = [&](int rank) {
     return node_argv(ls, f, job,
@@ -397,17 +403,17 @@ attempt run_nodes(const launch_state& ls, const run_flags& f,
                       rank == lead ? "127.0.0.1:0" : *coordinator, metrics,
                       metrics_base});
   };
-  auto watch = [&](int rank) {
-    return [&, rank](const std::string& line) {
-      std::smatch m;
+  auto watch = [&](std::size_t i) {
+    return [&, i](const node_event& e) {
       std::lock_guard<std::mutex> guard(state_mutex);
-      if (rank == lead && !coordinator &&
-          std::regex_search(line, m, coordinator_line)) {
-        coordinator = m[1];
+      const int rank = children[i].rank;
+      if (e.event == "state")
+        children[i].state = e.state;
+      else if (e.service == "coordinator" && rank == lead && !coordinator) {
+        coordinator = e.address;
         coordinator_known.notify_all();
-      }
-      if (std::regex_search(line, m, metrics_line))
-        targets[rank] = m[1];
+      } else if (e.service == "metrics")
+        targets[rank] = e.address;
     };
   };
 
@@ -425,7 +431,7 @@ attempt run_nodes(const launch_state& ls, const run_flags& f,
   };
 
   attempt result;
-  spawn(children[0], args_for(lead), watch(lead));
+  spawn(children[0], args_for(lead), watch(0));
   {
     std::unique_lock<std::mutex> lock(state_mutex);
     while (!coordinator) {
@@ -435,6 +441,7 @@ attempt run_nodes(const launch_state& ls, const run_flags& f,
         children[0].pid = -1;
         children[0].out_reader.join();
         children[0].err_reader.join();
+        children[0].report_reader.join();
         result.code = WIFEXITED(status) ? WEXITSTATUS(status) : exit_failed;
         return result;
       }
@@ -444,7 +451,7 @@ attempt run_nodes(const launch_state& ls, const run_flags& f,
     }
   }
   for (std::size_t i = 1; i < children.size(); ++i)
-    spawn(children[i], args_for(children[i].rank), watch(children[i].rank));
+    spawn(children[i], args_for(children[i].rank), watch(i));
 
   bool targets_written = false;
   auto running = children.size();
@@ -464,6 +471,7 @@ attempt run_nodes(const launch_state& ls, const run_flags& f,
   for (auto& c : children) {
     c.out_reader.join();
     c.err_reader.join();
+    c.report_reader.join();
   }
 
   report_ends(children, ls.signals.stop_flag()->load() > 0, result);

@@ -22,56 +22,6 @@
 
 namespace h2::apps {
 
-void add_run_flags(CLI::App& cli, run_flags& f) {
-  cli.add_option("--steps", f.steps, "Steps to train (default: train.steps)")
-    ->check(CLI::Range(1, 1 << 30));
-  cli.add_option("--json-log", f.json_log,
-                 "Write one JSON object per step (and eval) to FILE");
-  cli.add_option("--trace", f.trace,
-                 "Write the run's per-chip timeline as a Chrome/Perfetto "
-                 "trace to FILE");
-  cli.add_option("--plan", f.plan_path,
-                 "Use this plan (JSON, as h2-plan --json prints) instead of "
-                 "the job's [plan]");
-  cli.add_option("--export", f.export_path,
-                 "Write the trained parameters to FILE (safetensors)");
-  cli
-    .add_option("--metrics-port", f.metrics_port,
-                "Serve /metrics on this port (0: any free port; default: "
-                "metrics.port of the job)")
-    ->check(CLI::Range(0, 65535));
-  cli.add_flag("--no-metrics", f.no_metrics, "Serve no metrics");
-  cli
-    .add_option("--admin-port", f.admin_port,
-                "Serve the admin endpoint on this port (0: any free port; "
-                "default: admin.port of the job; needs admin.token_file)")
-    ->check(CLI::Range(0, 65535));
-  cli.add_flag("-q,--quiet", f.quiet, "No per-step progress lines");
-  cli
-    .add_option("--stop-after", f.stop_after,
-                "End cleanly after step N (saving a checkpoint with "
-                "[checkpoint]) without changing train.steps")
-    ->check(CLI::Range(1, 1 << 30));
-  cli.add_option("--resume", f.resume,
-                 "Continue from a checkpoint: its directory, or 'latest' "
-                 "(the newest complete one under checkpoint.dir)");
-  cli.add_option(
-    "--init-from", f.init_from,
-    "Start from a Hugging Face model directory (LlamaForCausalLM or "
-    "GPT2LMHeadModel, e.g. from h2-export --format hf): its weights, a "
-    "fresh optimizer, step 0. Saved as step 0 under checkpoint.dir when the "
-    "job has one (--nodes needs it)");
-  cli.add_option("--replan", f.replans,
-                 "STEP:PLAN.json: before step STEP, move the running job to "
-                 "this plan (the same chips in the same order: other layer "
-                 "boundaries, micro-batching, recomputation); repeatable. A "
-                 "drill of live rebalancing (docs/rebalance.md)");
-  cli.add_option("--join-timeout", f.join_timeout_seconds,
-                 "SECONDS: with several processes, how long the coordinator "
-                 "waits for every node to join and a node tries to reach it "
-                 "(default: cluster.join_timeout_seconds, 300)");
-}
-
 int parse_and_run(CLI::App& cli, int argc, char** argv,
                   const std::string& program,
                   const std::function<int()>& body) {

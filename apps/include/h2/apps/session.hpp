@@ -3,6 +3,7 @@
 #pragma once
 
 #include "h2/apps/admin_server.hpp"
+#include "h2/apps/run_flags.hpp"
 #include "h2/core/job.hpp"
 #include "h2/core/plan.hpp"
 #include "h2/metrics/http_server.hpp"
@@ -21,33 +22,6 @@
 #include <vector>
 
 namespace h2::apps {
-
-/// Flags of every binary that trains.
-struct run_flags {
-  int steps = 0; ///< 0: train.steps
-  std::string json_log;
-  std::string trace;
-  std::string plan_path;
-  std::string export_path;
-  int metrics_port = -1; ///< -1: metrics.port of the job
-  int admin_port = -1;   ///< -1: admin.port of the job
-  bool no_metrics = false;
-  bool quiet = false;
-  int stop_after = 0; ///< end cleanly after this step (0: train.steps)
-  std::string resume; ///< checkpoint directory, "latest" or "" (none)
-  /// --init-from: a Hugging Face model directory to start from ("" none).
-  std::string init_from;
-  /// --replan STEP:PLAN.json, as given (a drill: move layers live).
-  std::vector<std::string> replans;
-  /// --join-timeout: overrides cluster.join_timeout_seconds (jobs over
-  /// several h2-node processes).
-  std::optional<double> join_timeout_seconds;
-};
-
-/// Adds --steps, --json-log, --trace, --plan, --export, --metrics-port,
-/// --no-metrics, --admin-port, --quiet, --stop-after, --resume, --replan and
-/// --join-timeout to `cli`.
-void add_run_flags(CLI::App& cli, run_flags& flags);
 
 /// Parses `argv` into `cli` (a parse error is a config_error: one line,
 /// exit 2) and runs `body` under run_app.
@@ -120,6 +94,9 @@ public:
     return server_ ? &registry_ : nullptr;
   }
 
+  /// The port it serves on; 0 when it serves none.
+  int port() const noexcept { return server_ ? server_->port() : 0; }
+
 private:
   metrics::registry registry_;
   std::unique_ptr<metrics::http_server> server_;
@@ -136,6 +113,9 @@ public:
 
   /// Where the run takes admin commands from; null when none is served.
   std::shared_ptr<runtime::admin_inbox> inbox() const { return inbox_; }
+
+  /// The port it serves on; 0 when it serves none.
+  int port() const noexcept { return server_ ? server_->port() : 0; }
 
 private:
   std::shared_ptr<runtime::admin_inbox> inbox_;
