@@ -103,8 +103,9 @@ test-asan:
 	$(MAKE) test BUILD_DIR=$(ASAN_BUILD_DIR) BUILD_TYPE=Sanitize \
 	  CMAKE_ARGS=-DH2_BUILD_BENCH=OFF
 
-# The transport and runtime tests (their threads share the most state),
-# built with TSan. libtorch and OpenMP are not instrumented: one OpenMP
+# The transport, runtime and metrics tests (their threads share the most
+# state: channels, the admin inbox, the HTTP server's worker), built with
+# TSan. libtorch and OpenMP are not instrumented: one OpenMP
 # thread, and tests/tsan.supp for their internals only.
 test-tsan: deps
 	cmake -S . -B $(TSAN_BUILD_DIR) $(call generator_of,$(TSAN_BUILD_DIR)) \
@@ -113,7 +114,7 @@ test-tsan: deps
 	OMP_NUM_THREADS=1 \
 	TSAN_OPTIONS="suppressions=$(CURDIR)/tests/tsan.supp halt_on_error=1 second_deadlock_stack=1" \
 	ctest --test-dir $(TSAN_BUILD_DIR) --output-on-failure -j $(JOBS) \
-	  -L '^(transport|runtime)$$' $(CTEST_ARGS)
+	  -L '^(transport|runtime|metrics)$$' $(CTEST_ARGS)
 
 bench: build
 	bench/run.sh $(BUILD_DIR)

@@ -11,9 +11,11 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include <cctype>
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <iostream>
@@ -60,8 +62,35 @@ struct deadline {
   std::chrono::seconds timeout; ///< for messages
 };
 
-/// Sends `line` to HOST:PORT and returns the answer line, by `by.until`.
-std::string exchange(const std::string& address, const std::string& line,
+/// The body of an HTTP response (a status line, headers, a blank line,
+/// then the body; Content-Length, when given, must match).
+std::string body_of(const std::string& response, const std::string& address) {
+  if (response.empty())
+    throw unreachable("the endpoint at " + address +
+                      " closed the connection without an answer");
+  if (response.rfind("HTTP/1.", 0) != 0)
+    throw bad_answer("not an HTTP response: " + response.substr(0, 80));
+  const auto end = response.find("\r\n\r\n");
+  if (end == std::string::npos)
+    throw bad_answer("an HTTP response without the end of its head");
+  std::string body = response.substr(end + 4);
+  std::string head = response.substr(0, end + 2);
+  for (auto& c : head)
+    c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  const auto at = head.find("\r\ncontent-length:");
+  if (at != std::string::npos) {
+    const auto length = std::strtoull(head.c_str() + at + 17, nullptr, 10);
+    if (length != body.size())
+      throw unreachable("the endpoint at " + address + " sent " +
+                        std::to_string(body.size()) + " of " +
+                        std::to_string(length) + " bytes of its answer");
+  }
+  return body;
+}
+
+/// POSTs `body` to HOST:PORT/admin and returns the answer's body, by
+/// `by.until`.
+std::string exchange(const std::string& address, const std::string& body,
                      const deadline& by) {
   const auto until = by.until;
   const auto timeout = by.timeout;
@@ -105,7 +134,11 @@ std::string exchange(const std::string& address, const std::string& line,
   ::freeaddrinfo(found);
   if (fd < 0)
     throw unreachable("cannot connect to " + address + ": " + why);
-  const std::string out = line + "\n";
+  const std::string out = "POST /admin HTTP/1.1\r\nHost: " + address +
+                          "\r\nContent-Type: application/json\r\n"
+                          "Content-Length: " +
+                          std::to_string(body.size()) +
+                          "\r\nConnection: close\r\n\r\n" + body;
   std::size_t sent = 0;
   std::string answer;
   char buf[4096];
@@ -123,6 +156,7 @@ std::string exchange(const std::string& address, const std::string& line,
                           " closed the connection");
       sent += static_cast<std::size_t>(n);
     }
+    // The server closes the connection after its answer.
     for (;;) {
       pollfd p{fd, POLLIN, 0};
       if (::poll(&p, 1, millis_left(until)) != 1)
@@ -134,23 +168,17 @@ std::string exchange(const std::string& address, const std::string& line,
       if (n <= 0)
         break;
       answer.append(buf, static_cast<std::size_t>(n));
-      if (std::memchr(buf, '\n', static_cast<std::size_t>(n)) != nullptr)
-        break;
       if (answer.size() > max_answer_bytes)
-        throw unreachable(
-          "the endpoint at " + address + " sent an answer larger than " +
-          std::to_string(max_answer_bytes >> 20) + " MiB without an end");
+        throw unreachable("the endpoint at " + address +
+                          " sent an answer larger than " +
+                          std::to_string(max_answer_bytes >> 20) + " MiB");
     }
   } catch (...) {
     ::close(fd);
     throw;
   }
   ::close(fd);
-  const auto end = answer.find('\n');
-  if (end == std::string::npos)
-    throw unreachable("the endpoint at " + address +
-                      " closed the connection without an answer");
-  return answer.substr(0, end);
+  return body_of(answer, address);
 }
 
 std::string read_file(const std::string& path) {

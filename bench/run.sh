@@ -20,7 +20,7 @@ printf '[{"name": "host", "cpu": "%s", "cpu_flags": [%s], "cores": %s, "bf16_pat
   "$cpu" "$flags" "$(nproc)" "$path" "$why" > "$out"
 echo "== host: $cpu; bf16 $path ($why)"
 for b in runtime_overhead single_chip demo_plans plan_scale superlinear dicomm \
-         demo_nodes checkpoint rebalance schedules text twin; do
+         demo_nodes checkpoint rebalance schedules text twin http_server; do
   echo "== $b"
   "$build/bench/bench_$b" --out "$out"
 done

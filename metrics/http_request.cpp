@@ -1,6 +1,8 @@
 #include "h2/metrics/http_request.hpp"
 
 #include <algorithm>
+#include <cctype>
+#include <optional>
 
 namespace h2::metrics {
 
@@ -12,13 +14,63 @@ bool is_token_char(char c) {
          std::string_view("!#$%&'*+-.^_`|~").find(c) != std::string_view::npos;
 }
 
+bool equal_ignoring_case(std::string_view a, std::string_view b) {
+  return a.size() == b.size() &&
+         std::equal(a.begin(), a.end(), b.begin(), [](char x, char y) {
+           return std::tolower(static_cast<unsigned char>(x)) ==
+                  std::tolower(static_cast<unsigned char>(y));
+         });
+}
+
+std::string_view trimmed(std::string_view s) {
+  while (!s.empty() && (s.front() == ' ' || s.front() == '\t'))
+    s.remove_prefix(1);
+  while (!s.empty() &&
+         (s.back() == ' ' || s.back() == '\t' || s.back() == '\r'))
+    s.remove_suffix(1);
+  return s;
+}
+
+/// The body's length from the header lines after the request line; false
+/// for a chunked body or a length that is not one decimal number.
+bool read_body_length(std::string_view headers, std::size_t& length) {
+  std::optional<std::size_t> found;
+  while (!headers.empty()) {
+    const auto nl = headers.find('\n');
+    const auto line = headers.substr(0, nl);
+    headers = nl == headers.npos ? std::string_view() : headers.substr(nl + 1);
+    const auto colon = line.find(':');
+    if (colon == line.npos)
+      continue;
+    const auto name = trimmed(line.substr(0, colon));
+    const auto value = trimmed(line.substr(colon + 1));
+    if (equal_ignoring_case(name, "transfer-encoding"))
+      return false; // only Content-Length bodies are read
+    if (!equal_ignoring_case(name, "content-length"))
+      continue;
+    if (value.empty() || value.size() > 18 ||
+        !std::all_of(value.begin(), value.end(),
+                     [](char c) { return c >= '0' && c <= '9'; }))
+      return false;
+    std::size_t n = 0;
+    for (char c : value)
+      n = n * 10 + static_cast<std::size_t>(c - '0');
+    if (found && *found != n)
+      return false;
+    found = n;
+  }
+  length = found.value_or(0);
+  return true;
+}
+
 } // namespace
 
 http_request parse_http_request(std::string_view head) {
   http_request r;
   while (!head.empty() && (head.front() == '\r' || head.front() == '\n'))
     head.remove_prefix(1);
-  auto line = head.substr(0, head.find('\n'));
+  const auto line_end = head.find('\n');
+  auto line = head.substr(0, line_end);
   if (!line.empty() && line.back() == '\r')
     line.remove_suffix(1);
   auto sp1 = line.find(' ');
@@ -48,6 +100,12 @@ http_request parse_http_request(std::string_view head) {
       slash == target.npos ? std::string_view("/") : target.substr(slash);
   }
   if (target.empty() || target.front() != '/') {
+    r.error_status = 400;
+    return r;
+  }
+  if (!read_body_length(line_end == head.npos ? std::string_view()
+                                              : head.substr(line_end + 1),
+                        r.content_length)) {
     r.error_status = 400;
     return r;
   }

@@ -14,6 +14,7 @@
 #include <string_view>
 #include <thread>
 #include <utility>
+#include <variant>
 
 namespace h2::metrics {
 
@@ -50,14 +51,22 @@ std::string_view reason_phrase(int status) {
       return "OK";
     case 400:
       return "Bad Request";
+    case 401:
+      return "Unauthorized";
     case 404:
       return "Not Found";
     case 405:
       return "Method Not Allowed";
+    case 409:
+      return "Conflict";
+    case 413:
+      return "Content Too Large";
     case 431:
       return "Request Header Fields Too Large";
     case 500:
       return "Internal Server Error";
+    case 503:
+      return "Service Unavailable";
     case 505:
       return "HTTP Version Not Supported";
     default:
@@ -66,59 +75,79 @@ std::string_view reason_phrase(int status) {
 }
 
 struct response {
-  int status = 200;
-  std::string_view content_type = "text/plain; charset=utf-8";
-  std::string body;
-  bool allow_header = false; ///< send "Allow: GET, HEAD" (405)
+  http_answer answer;
+  std::string allow; ///< "Allow:" of a 405
 };
 
-response error_response(int status) {
+response error_response(int status, std::string allow = "") {
   response r;
-  r.status = status;
-  r.body = std::string(reason_phrase(status)) + "\n";
-  r.allow_header = status == 405;
+  r.answer.status = status;
+  r.answer.content_type = "text/plain; charset=utf-8";
+  r.answer.body = std::string(reason_phrase(status)) + "\n";
+  r.allow = std::move(allow);
   return r;
 }
 
-response route(const http_request& req,
-               const std::function<std::string()>& metrics_body) {
+/// The route for `req`, or the error response when there is none.
+std::variant<const http_route*, response>
+find_route(const http_request& req, const std::vector<http_route>& routes) {
   if (req.error_status != 0)
     return error_response(req.error_status);
-  if (req.path != "/metrics" && req.path != "/")
-    return error_response(404);
-  if (req.method != "GET" && req.method != "HEAD")
-    return error_response(405);
-  response r;
-  if (req.path == "/") {
-    r.content_type = "text/html; charset=utf-8";
-    r.body = index_html;
-    return r;
+  std::string allow;
+  for (const auto& r : routes) {
+    if (r.path != req.path)
+      continue;
+    if (r.method == req.method || (r.method == "GET" && req.method == "HEAD"))
+      return &r;
+    allow += (allow.empty() ? "" : ", ") + r.method +
+             (r.method == "GET" ? ", HEAD" : "");
   }
+  if (allow.empty())
+    return error_response(404);
+  return error_response(405, allow);
+}
+
+/// What `route` answers `call`; a handler that throws is a 500.
+response answer_of(const http_route& route, const http_call& call) {
   try {
-    r.content_type = exposition_content_type;
-    r.body = metrics_body();
-    return r;
+    return {route.handler(call), ""};
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "h2 metrics server: collecting metrics failed: %s\n",
-                 e.what());
+    std::fprintf(stderr, "h2 http server: %s %s failed: %s\n",
+                 call.method.c_str(), call.path.c_str(), e.what());
   } catch (...) {
-    std::fprintf(stderr, "h2 metrics server: collecting metrics failed\n");
+    std::fprintf(stderr, "h2 http server: %s %s failed\n", call.method.c_str(),
+                 call.path.c_str());
   }
   return error_response(500);
 }
 
+/// The routes of a metrics server: the exposition and an index page.
+std::vector<http_route> metrics_routes(std::function<std::string()> body) {
+  H2_ENFORCE(body != nullptr, "http_server needs a body callback");
+  http_route metrics{"/metrics", "GET", nullptr};
+  metrics.handler = [body = std::move(body)](const http_call&) {
+    return http_answer{200, std::string(exposition_content_type), body()};
+  };
+  http_route index{"/", "GET", [](const http_call&) {
+                     return http_answer{200, "text/html; charset=utf-8",
+                                        std::string(index_html)};
+                   }};
+  return {std::move(metrics), std::move(index)};
+}
+
 std::string serialize(const response& r, bool head_only) {
-  std::string out = "HTTP/1.1 " + std::to_string(r.status) + " ";
-  out += reason_phrase(r.status);
+  const auto& a = r.answer;
+  std::string out = "HTTP/1.1 " + std::to_string(a.status) + " ";
+  out += reason_phrase(a.status);
   out += "\r\nContent-Type: ";
-  out += r.content_type;
-  out += "\r\nContent-Length: " + std::to_string(r.body.size());
+  out += a.content_type;
+  out += "\r\nContent-Length: " + std::to_string(a.body.size());
   out += "\r\nConnection: close\r\n";
-  if (r.allow_header)
-    out += "Allow: GET, HEAD\r\n";
+  if (!r.allow.empty())
+    out += "Allow: " + r.allow + "\r\n";
   out += "\r\n";
   if (!head_only)
-    out += r.body;
+    out += a.body;
   return out;
 }
 
@@ -132,8 +161,12 @@ struct server_core {
   asio::io_context io;
   tcp::acceptor acceptor{io};
   asio::steady_timer accept_retry{io};
-  std::function<std::string()> metrics_body;
+  std::vector<http_route> routes;
   std::set<std::shared_ptr<connection>> connections;
+  /// Where blocking routes run, one call at a time.
+  asio::io_context worker;
+  asio::executor_work_guard<asio::io_context::executor_type> worker_guard =
+    asio::make_work_guard(worker);
 
   void accept();
   void shutdown();
@@ -202,8 +235,64 @@ private:
     }
     auto begin = asio::buffers_begin(buffer_.data());
     std::string head(begin, begin + static_cast<std::ptrdiff_t>(n));
-    http_request req = parse_http_request(head);
-    write(serialize(route(req, server_.metrics_body), req.method == "HEAD"));
+    const http_request req = parse_http_request(head);
+    head_only_ = req.method == "HEAD";
+    auto found = find_route(req, server_.routes);
+    if (auto* refused = std::get_if<response>(&found)) {
+      write(serialize(*refused, head_only_));
+      return;
+    }
+    route_ = std::get<const http_route*>(found);
+    if (req.content_length > http_server::max_request_body_bytes) {
+      write(serialize(error_response(413), head_only_));
+      return;
+    }
+    call_.method = req.method == "HEAD" ? "GET" : req.method;
+    call_.path = req.path;
+    call_.peer = peer();
+    // What came with the head belongs to the body; the rest is read.
+    buffer_.consume(n);
+    const auto early = std::min(buffer_.size(), req.content_length);
+    auto rest = asio::buffers_begin(buffer_.data());
+    call_.body.assign(rest, rest + static_cast<std::ptrdiff_t>(early));
+    call_.body.resize(req.content_length);
+    asio::async_read(
+      socket_,
+      asio::buffer(call_.body.data() + early, call_.body.size() - early),
+      [self = shared_from_this()](const asio::error_code& e, std::size_t) {
+        if (self->closed_)
+          return;
+        if (e)
+          self->close();
+        else
+          self->dispatch();
+      });
+  }
+
+  /// Runs the route: on this thread, or on the worker for a blocking one
+  /// (the answer comes back to this thread to be written).
+  void dispatch() {
+    if (!route_->blocking) {
+      write(serialize(answer_of(*route_, call_), head_only_));
+      return;
+    }
+    arm(http_server::response_timeout); // the handler may take a while
+    asio::post(server_.worker, [self = shared_from_this()] {
+      auto answer =
+        serialize(answer_of(*self->route_, self->call_), self->head_only_);
+      asio::post(self->server_.io,
+                 [self, answer = std::move(answer)]() mutable {
+                   if (!self->closed_)
+                     self->write(std::move(answer));
+                 });
+    });
+  }
+
+  std::string peer() const {
+    asio::error_code ec;
+    const auto at = socket_.remote_endpoint(ec);
+    return ec ? std::string("?")
+              : at.address().to_string() + ":" + std::to_string(at.port());
   }
 
   void write(std::string data) {
@@ -249,6 +338,9 @@ private:
   asio::steady_timer deadline_;
   asio::streambuf buffer_;
   std::string response_;
+  const http_route* route_ = nullptr;
+  http_call call_;
+  bool head_only_ = false;
   std::array<char, 4096> discard_{};
   std::size_t drained_ = 0;
   bool closed_ = false;
@@ -300,6 +392,7 @@ std::string endpoint_text(const std::string& address, std::uint16_t port) {
 struct http_server::impl {
   server_core core;
   std::thread thread;
+  std::thread worker; ///< runs blocking routes
   std::mutex stop_mutex;
   bool stopped = false;
   std::uint16_t port = 0;
@@ -307,10 +400,17 @@ struct http_server::impl {
 
 http_server::http_server(const std::string& bind_address, std::uint16_t port,
                          std::function<std::string()> metrics_body)
+    : http_server(bind_address, port, metrics_routes(std::move(metrics_body))) {
+}
+
+http_server::http_server(const std::string& bind_address, std::uint16_t port,
+                         std::vector<http_route> routes)
     : impl_(std::make_unique<impl>()) {
-  H2_ENFORCE(metrics_body != nullptr, "http_server needs a body callback");
   auto& core = impl_->core;
-  core.metrics_body = std::move(metrics_body);
+  for (const auto& r : routes)
+    H2_ENFORCE(r.handler != nullptr && !r.path.empty() && r.path[0] == '/',
+               "an http_route needs a path and a handler");
+  core.routes = std::move(routes);
   auto fail = [&](const asio::error_code& ec) {
     throw error("cannot listen on " + endpoint_text(bind_address, port) + ": " +
                 ec.message());
@@ -347,6 +447,7 @@ http_server::http_server(const std::string& bind_address, std::uint16_t port,
   if (ec)
     fail(ec);
   core.accept();
+  impl_->worker = std::thread([&core] { core.worker.run(); });
   impl_->thread = std::thread([&core] {
     // Handlers catch what they expect; anything else is reported and the
     // server keeps serving rather than taking the process down.
@@ -383,6 +484,11 @@ void http_server::stop() {
   impl_->core.io.stop();
   if (impl_->thread.joinable())
     impl_->thread.join();
+  // A blocking route in progress finishes; none queued starts.
+  impl_->core.worker_guard.reset();
+  impl_->core.worker.stop();
+  if (impl_->worker.joinable())
+    impl_->worker.join();
   impl_->core.shutdown();
 }
 

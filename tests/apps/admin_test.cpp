@@ -68,8 +68,13 @@ int port_of(const std::string& endpoint) {
   return std::stoi(endpoint.substr(endpoint.rfind(':') + 1));
 }
 
-/// Sends one raw line to the endpoint and returns the answer line.
-std::string raw_request(int port, const std::string& line) {
+struct raw_answer {
+  int status = 0; ///< the HTTP status
+  std::string body;
+};
+
+/// POSTs `body` to the endpoint's /admin as any HTTP client would.
+raw_answer raw_exchange(int port, const std::string& body) {
   const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
   if (fd < 0)
     throw std::runtime_error(std::strerror(errno));
@@ -83,14 +88,24 @@ std::string raw_request(int port, const std::string& line) {
     ::close(fd);
     throw std::runtime_error(std::strerror(errno));
   }
-  const std::string out = line + "\n";
+  const std::string out =
+    "POST /admin HTTP/1.1\r\nContent-Length: " + std::to_string(body.size()) +
+    "\r\n\r\n" + body;
   ::send(fd, out.data(), out.size(), MSG_NOSIGNAL);
   std::string answer;
   char buf[4096];
   for (ssize_t n; (n = ::recv(fd, buf, sizeof(buf), 0)) > 0;)
     answer.append(buf, static_cast<std::size_t>(n));
   ::close(fd);
-  return answer.substr(0, answer.find('\n'));
+  const auto end = answer.find("\r\n\r\n");
+  if (answer.size() < 12 || end == std::string::npos)
+    throw std::runtime_error("not an HTTP answer: " + answer.substr(0, 80));
+  return {std::stoi(answer.substr(9, 3)), answer.substr(end + 4)};
+}
+
+/// The body of the endpoint's answer to `body`.
+std::string raw_request(int port, const std::string& body) {
+  return raw_exchange(port, body).body;
 }
 
 class apps_admin : public ::testing::Test {
@@ -119,6 +134,13 @@ protected:
     endpoint_ = endpoint_of(*launch);
     EXPECT_FALSE(endpoint_.empty()) << launch->out() << launch->err();
     return launch;
+  }
+
+  /// The steps the job has done; -1 until its run answers.
+  int steps_done(const std::filesystem::path& token) {
+    const auto r = admin(token, {"status", "--json"});
+    return r.status.code == 0 ? nlohmann::json::parse(r.out)["step"].get<int>()
+                              : -1;
   }
 
   /// The "status --json" answer.
@@ -237,25 +259,21 @@ TEST_F(apps_admin, a_captured_request_is_refused_after_a_resume) {
     dir_.write("job.toml", admin_job(token, 100000) + "[checkpoint]\ndir = \"" +
                              (dir_ / "checkpoints").string() + "\"\n");
   const transport::job_secret key(secret);
-  // An operator's stop, captured on the wire: obeyed once. (Until the run
-  // opens, the endpoint refuses it as "starting"; the next try is sealed
-  // anew.)
+  // An operator's stop, captured on the wire, sent once a step is done
+  // (so that the stop saves a checkpoint to resume from): obeyed.
   auto first = start(job, dir_ / "first.jsonl");
   ASSERT_FALSE(endpoint_.empty());
-  const auto first_session = session_at(port_of(endpoint_));
-  std::uint64_t seq = 0;
-  std::string captured;
-  nlohmann::json stopped;
-  ASSERT_TRUE(first->wait_until(
-    [&] {
-      captured = runtime::encode_admin_request(
-        runtime::seal_admin_request(key, ++seq, first_session, "stop", {}));
-      stopped =
-        nlohmann::json::parse(raw_request(port_of(endpoint_), captured));
-      return stopped["ok"] == true ||
-             stopped.value("error", "").find("starting") == std::string::npos;
-    },
-    60s));
+  ASSERT_TRUE(first->wait_until([&] { return steps_done(token) >= 1; }, 60s));
+  // Numbered as h2-admin numbers (above the status calls' numbers).
+  const auto seq = static_cast<std::uint64_t>(
+    std::chrono::duration_cast<std::chrono::nanoseconds>(
+      std::chrono::system_clock::now().time_since_epoch())
+      .count());
+  const std::string captured =
+    runtime::encode_admin_request(runtime::seal_admin_request(
+      key, seq, session_at(port_of(endpoint_)), "stop", {}));
+  const auto stopped =
+    nlohmann::json::parse(raw_request(port_of(endpoint_), captured));
   ASSERT_EQ(stopped["ok"], true) << stopped.dump();
   ASSERT_EQ(first->wait(run_timeout).code, 0) << first->err();
 
@@ -283,8 +301,8 @@ TEST_F(apps_admin, a_captured_request_is_refused_after_a_resume) {
 }
 
 /// A fake admin endpoint: answers the session query as a job does, and
-/// every other request with `hostile` (or, when `drip`, one byte of it
-/// every 100 ms), until the test ends.
+/// every other request with 200 and `hostile` as the body (or, when
+/// `drip`, one byte of it every 100 ms), until the test ends.
 class fake_endpoint {
 public:
   explicit fake_endpoint(std::string hostile, bool drip = false)
@@ -309,6 +327,22 @@ public:
   std::string address() const { return "127.0.0.1:" + std::to_string(port_); }
 
 private:
+  /// The body of the HTTP request on `c` (its Content-Length bytes).
+  static std::string request_body(int c) {
+    std::string in;
+    char ch = 0;
+    while (in.find("\r\n\r\n") == std::string::npos &&
+           ::recv(c, &ch, 1, 0) == 1)
+      in.push_back(ch);
+    const auto at = in.find("Content-Length: ");
+    std::size_t length =
+      at == std::string::npos ? 0 : std::stoul(in.substr(at + 16));
+    std::string body;
+    while (body.size() < length && ::recv(c, &ch, 1, 0) == 1)
+      body.push_back(ch);
+    return body;
+  }
+
   void serve() {
     while (!done_) {
       pollfd p{fd_, POLLIN, 0};
@@ -317,14 +351,13 @@ private:
       const int c = ::accept(fd_, nullptr, nullptr);
       if (c < 0)
         continue;
-      std::string line;
-      char ch = 0;
-      while (::recv(c, &ch, 1, 0) == 1 && ch != '\n')
-        line.push_back(ch);
+      const std::string line = request_body(c);
+      const bool asks_session = line == runtime::admin_session_query;
+      const std::string head = "HTTP/1.1 200 OK\r\nConnection: close\r\n\r\n";
+      ::send(c, head.data(), head.size(), MSG_NOSIGNAL);
       const std::string out =
-        line == runtime::admin_session_query
+        asks_session
           ? R"({"ok":true,"result":{"session":"00112233445566778899aabbccddeeff"}})"
-            "\n"
           : hostile_;
       for (std::size_t at = 0; at < out.size() && !done_;) {
         const std::size_t n = drip_ ? 1 : out.size() - at;
@@ -332,7 +365,7 @@ private:
         if (sent <= 0)
           break; // h2-admin gave up
         at += static_cast<std::size_t>(sent);
-        if (drip_ && line != runtime::admin_session_query)
+        if (drip_ && !asks_session)
           std::this_thread::sleep_for(100ms);
       }
       ::close(c);
@@ -400,6 +433,54 @@ TEST_F(apps_admin, hostile_answers_give_an_error_not_a_crash) {
                             calls_, 60s);
   EXPECT_EQ(r.status.code, 3) << r.status.describe() << r.err;
   EXPECT_NE(r.err.find("within 2 s"), std::string::npos) << r.err;
+}
+
+TEST_F(apps_admin, silent_connections_keep_no_one_out) {
+  const auto token = write_token(dir_, "admin.token", "0123456789abcdef-f\n");
+  const auto job = dir_.write("job.toml", admin_job(token, 100000));
+  auto started = start(job, dir_ / "log.jsonl");
+  ASSERT_FALSE(endpoint_.empty());
+  auto& launch = *started;
+  const int port = port_of(endpoint_);
+  ASSERT_TRUE(launch.wait_until([&] { return steps_done(token) >= 1; }, 60s));
+  // 40 connections that send nothing, reopened as the server drops them.
+  std::atomic<bool> flooding{true};
+  std::thread flood([&] {
+    std::vector<int> silent(40, -1);
+    while (flooding.load()) {
+      for (auto& fd : silent) {
+        char probe = 0;
+        if (fd >= 0 && ::recv(fd, &probe, 1, MSG_DONTWAIT) != 0)
+          continue; // still open (EAGAIN)
+        if (fd >= 0)
+          ::close(fd);
+        fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        sockaddr_in a{};
+        a.sin_family = AF_INET;
+        a.sin_port = htons(static_cast<std::uint16_t>(port));
+        a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        ::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a));
+      }
+      std::this_thread::sleep_for(50ms);
+    }
+    for (int fd : silent)
+      if (fd >= 0)
+        ::close(fd);
+  });
+  const int before = status(token)["step"];
+  // A sealed status answers within h2-admin's deadline of 2 s, each time.
+  for (int i = 0; i < 3; ++i) {
+    const auto r = admin(token, {"--timeout", "2", "status", "--json"});
+    EXPECT_EQ(r.status.code, 0) << r.err;
+    std::this_thread::sleep_for(1s);
+  }
+  EXPECT_TRUE(launch.wait_until(
+    [&] { return status(token)["step"].get<int>() > before + 2; }, 60s))
+    << "the job trains on";
+  flooding.store(false);
+  flood.join();
+  ASSERT_EQ(admin(token, {"stop"}).status.code, 0);
+  EXPECT_EQ(launch.wait(run_timeout).code, 0) << launch.err();
 }
 
 TEST_F(apps_admin, refused_requests_change_nothing) {
@@ -478,7 +559,7 @@ TEST_F(apps_admin, refused_requests_change_nothing) {
   };
   refused("stop now please", "malformed request");
   refused("{\"seq\": 1}", "malformed request");
-  refused(std::string(2 << 20, 'x'), "longer than");
+  EXPECT_EQ(raw_exchange(port, std::string(2 << 20, 'x')).status, 413);
   refused(sealed("frob"), "unknown command");
   refused(sealed("throttle", {"0:0", "0"}), "(0, 1000]");
   refused(sealed("throttle", {"7:0", "2"}), "no chip 7:0");

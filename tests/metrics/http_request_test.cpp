@@ -62,5 +62,27 @@ TEST(metrics_http_request, malformed_lines_are_400_and_other_versions_505) {
   EXPECT_EQ(parse_http_request("GET / HTTP/2.0\r\n").error_status, 505);
 }
 
+TEST(metrics_http_request, the_body_length_is_one_content_length) {
+  EXPECT_EQ(
+    parse_http_request("POST /a HTTP/1.1\r\nHost: h\r\n\r\n").content_length,
+    0u);
+  EXPECT_EQ(parse_http_request("POST /a HTTP/1.1\r\ncontent-LENGTH:  42 "
+                               "\r\n\r\n")
+              .content_length,
+            42u);
+  EXPECT_EQ(parse_http_request("POST /a HTTP/1.1\r\nContent-Length: 7\r\n"
+                               "Content-Length: 7\r\n\r\n")
+              .content_length,
+            7u);
+  for (std::string_view bad :
+       {"POST /a HTTP/1.1\r\nContent-Length: 7\r\nContent-Length: 8\r\n\r\n",
+        "POST /a HTTP/1.1\r\nContent-Length: -1\r\n\r\n",
+        "POST /a HTTP/1.1\r\nContent-Length: 1e3\r\n\r\n",
+        "POST /a HTTP/1.1\r\nContent-Length: 99999999999999999999\r\n\r\n",
+        "POST /a HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n"}) {
+    EXPECT_EQ(parse_http_request(bad).error_status, 400) << bad;
+  }
+}
+
 } // namespace
 } // namespace h2::metrics

@@ -13,10 +13,12 @@
 #include <array>
 #include <atomic>
 #include <cctype>
+#include <condition_variable>
 #include <functional>
 #include <future>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <thread>
 #include <vector>
 
@@ -365,6 +367,89 @@ TEST(metrics_http_server, destructor_stops_while_clients_are_connected) {
     EXPECT_EQ(get(port, "/metrics").status, 200);
   }
   EXPECT_TRUE(silent->closed_by_server());
+}
+
+} // namespace
+} // namespace h2::metrics
+
+namespace h2::metrics {
+namespace {
+
+/// A server with an echo route (POST /echo), a blocking route that waits
+/// until released (POST /wait) and /metrics.
+class metrics_http_routes_test : public ::testing::Test {
+protected:
+  void SetUp() override {
+    http_route echo{"/echo", "POST", [](const http_call& c) {
+                      return http_answer{200, "text/plain",
+                                         c.method + " " + c.path + " " +
+                                           c.body};
+                    }};
+    http_route wait{"/wait", "POST",
+                    [this](const http_call&) {
+                      std::unique_lock<std::mutex> lock(mutex_);
+                      released_.wait(lock, [this] { return release_; });
+                      return http_answer{200, "text/plain", "waited"};
+                    },
+                    true};
+    http_route metrics{"/metrics", "GET", [](const http_call&) {
+                         return http_answer{200, "text/plain", "m 1\n"};
+                       }};
+    server_ = std::make_unique<http_server>(
+      "127.0.0.1", 0, std::vector<http_route>{echo, wait, metrics});
+  }
+  void TearDown() override {
+    {
+      std::lock_guard<std::mutex> guard(mutex_);
+      release_ = true;
+    }
+    released_.notify_all();
+  }
+
+  std::unique_ptr<http_server> server_;
+  std::mutex mutex_;
+  std::condition_variable released_;
+  bool release_ = false;
+};
+
+TEST_F(metrics_http_routes_test, a_post_body_reaches_its_route_whole) {
+  const std::string body(300000, 'b'); // beyond what comes with the head
+  auto r = send_request(server_->port(),
+                        "POST /echo HTTP/1.1\r\nContent-Length: " +
+                          std::to_string(body.size()) + "\r\n\r\n" + body);
+  EXPECT_EQ(r.status, 200) << r.raw.substr(0, 200);
+  EXPECT_EQ(r.body, "POST /echo " + body);
+  auto wrong = get(server_->port(), "/echo");
+  EXPECT_EQ(wrong.status, 405);
+  EXPECT_EQ(wrong.headers["allow"], "POST");
+  EXPECT_EQ(get(server_->port(), "/nothing").status, 404);
+}
+
+TEST_F(metrics_http_routes_test, a_body_over_the_limit_is_413_unread) {
+  auto r = send_request(
+    server_->port(), "POST /echo HTTP/1.1\r\nContent-Length: " +
+                       std::to_string(http_server::max_request_body_bytes + 1) +
+                       "\r\n\r\nxyz");
+  EXPECT_EQ(r.status, 413) << r.raw;
+}
+
+TEST_F(metrics_http_routes_test, a_blocking_route_holds_up_no_other) {
+  reply waited;
+  std::thread waiting([&] {
+    waited = send_request(server_->port(),
+                          "POST /wait HTTP/1.1\r\nContent-Length: 0\r\n\r\n");
+  });
+  // While /wait waits on the worker, the I/O thread answers the others.
+  for (int i = 0; i < 5; ++i)
+    EXPECT_EQ(get(server_->port(), "/metrics").body, "m 1\n");
+  {
+    std::lock_guard<std::mutex> guard(mutex_);
+    release_ = true;
+  }
+  released_.notify_all();
+  waiting.join();
+  EXPECT_EQ(waited.status, 200);
+  EXPECT_EQ(waited.body, "waited");
 }
 
 } // namespace

@@ -11,11 +11,15 @@
 
 namespace h2::metrics {
 
-/// What a request line asks for.
+/// What a request line asks for, and the length of the body that follows
+/// its head.
 struct http_request {
   std::string method;   ///< a token ("GET", "HEAD", ...); empty on error
   std::string path;     ///< starts with '/'; without query or fragment
   int error_status = 0; ///< 400 or 505 when the request cannot be served
+  /// Content-Length (0 without one); a body sent chunked, or a length that
+  /// is not one decimal number (or several that differ), is 400.
+  std::size_t content_length = 0;
 };
 
 /// Where the request head in [begin, end) ends: the position after its
@@ -44,10 +48,11 @@ std::pair<Iterator, bool> find_request_head_end(Iterator begin, Iterator end) {
   return {end, false};
 }
 
-/// Reads the request line of `head` (headers are not needed to answer):
-/// "METHOD TARGET HTTP/1.x", leading blank lines skipped; an absolute
-/// target ("http://host:port/metrics") is reduced to its path. A malformed
-/// line is error_status 400, another HTTP version 505. Never throws but
+/// Reads the request line of `head`: "METHOD TARGET HTTP/1.x", leading
+/// blank lines skipped; an absolute target ("http://host:port/metrics") is
+/// reduced to its path. A malformed line is error_status 400, another HTTP
+/// version 505. Of the headers it reads only Content-Length and
+/// Transfer-Encoding (the body's length). Never throws but
 /// std::bad_alloc.
 http_request parse_http_request(std::string_view head);
 

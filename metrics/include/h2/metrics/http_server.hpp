@@ -1,6 +1,8 @@
-// A small HTTP/1.1 server for Prometheus scrapes (`GET /metrics`), on Asio.
-// Treats clients as hostile (docs/architecture.md, "Trust"): bounded request heads,
-// deadlines on every connection, a cap on concurrent connections.
+// A small HTTP/1.1 server on Asio: Prometheus scrapes (`GET /metrics`) and
+// any other routes its owner gives it (the admin API, docs/admin.md).
+// Treats clients as hostile (docs/architecture.md, "Trust"): bounded
+// request heads and bodies, deadlines on every connection, a cap on
+// concurrent connections.
 #pragma once
 
 #include <chrono>
@@ -9,16 +11,43 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 namespace h2::metrics {
 
-/// Serves:
+/// One request as a route sees it.
+struct http_call {
+  std::string method; ///< "GET", "POST" (a HEAD comes as "GET")
+  std::string path;
+  std::string body; ///< at most http_server::max_request_body_bytes
+  std::string peer; ///< "host:port"
+};
+
+/// A route's answer.
+struct http_answer {
+  int status = 200;
+  std::string content_type = "application/json";
+  std::string body;
+};
+
+/// `path` answered by `handler` for `method` ("GET" answers HEAD too).
+/// A `blocking` handler (one that may wait, as the admin API waits for
+/// the job) runs on the server's worker thread, one call at a time; the
+/// others on its I/O thread. An exception from a handler is a 500.
+struct http_route {
+  std::string path;
+  std::string method = "GET";
+  std::function<http_answer(const http_call&)> handler;
+  bool blocking = false;
+};
+
+/// Serves its routes; the metrics constructor's are:
 /// - `GET /metrics`: 200, the body from the callback, `Content-Type:
 ///   text/plain; version=0.0.4; charset=utf-8`;
-/// - `GET /`: 200, a small HTML page linking to /metrics;
-/// - other paths: 404; other methods than GET and HEAD: 405 (HEAD answers
-///   as GET without the body); a malformed request: 400; a request head over
-///   8 KiB: 431.
+/// - `GET /`: 200, a small HTML page linking to /metrics.
+/// Other paths: 404; a method a path has no route for: 405 (HEAD answers
+/// as GET without the body); a malformed request: 400; a request head over
+/// 8 KiB: 431; a body over 1 MiB (Content-Length): 413.
 /// Every response carries `Content-Length` and `Connection: close`. A client
 /// that has not sent a whole request head within 5 s is dropped; one that
 /// does not read its response within 30 s too. At most 64 connections are
@@ -33,6 +62,8 @@ public:
   static constexpr std::chrono::seconds response_timeout{30};
   /// Connections served at once.
   static constexpr std::size_t max_connections = 64;
+  /// Bytes a request body may take (a plan for many chips fits).
+  static constexpr std::size_t max_request_body_bytes = std::size_t{1} << 20;
 
   /// Binds `bind_address` (an IP literal or a host name that resolves) on
   /// `port` (0: an ephemeral port, see port()) and starts serving on a
@@ -42,6 +73,10 @@ public:
   /// address cannot be resolved or bound.
   http_server(const std::string& bind_address, std::uint16_t port,
               std::function<std::string()> metrics_body);
+
+  /// Serves `routes` (each path and method once) as above.
+  http_server(const std::string& bind_address, std::uint16_t port,
+              std::vector<http_route> routes);
 
   /// Stops (see stop()). Destroying the server from its own callback is a
   /// bug that terminates the process.
