@@ -476,7 +476,8 @@ void run_drills(self_ptr self, std::vector<drill> drills,
   };
   auto go_on = [self, d, drills = std::move(drills),
                 then = std::move(then)]() mutable {
-    self->state.control->drill_applied(d);
+    if (!d.hang) // a hang changes no chip's speed
+      self->state.control->drill_applied(d);
     run_drills(self, std::move(drills), std::move(then));
   };
   const auto timeout = step_timeout(*st.ctx->job);

@@ -11,6 +11,7 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cctype>
 #include <cerrno>
 #include <chrono>
@@ -73,6 +74,13 @@ std::string body_of(const std::string& response, const std::string& address) {
   const auto end = response.find("\r\n\r\n");
   if (end == std::string::npos)
     throw bad_answer("an HTTP response without the end of its head");
+  // The endpoint answers these with a JSON body; anything else (a 413 for a
+  // body it would not take, a 500) is said as it came.
+  const std::string status = response.substr(9, 3);
+  if (status != "200" && status != "400" && status != "401" && status != "409")
+    throw bad_answer(
+      "HTTP " +
+      response.substr(9, std::min<std::size_t>(response.find('\r') - 9, 60)));
   std::string body = response.substr(end + 4);
   std::string head = response.substr(0, end + 2);
   for (auto& c : head)
@@ -367,8 +375,14 @@ int main(int argc, char** argv) {
     try {
       const auto request = runtime::seal_admin_request(
         *token, seq, session_of(address, wait), command, std::move(args));
-      answer = parse_answer(
-        exchange(address, runtime::encode_admin_request(request), wait));
+      const auto body = runtime::encode_admin_request(request);
+      if (body.size() > runtime::max_admin_request_bytes)
+        throw config_error(
+          "", "the request takes " + std::to_string(body.size()) +
+                " bytes; the endpoint takes at most " +
+                std::to_string(runtime::max_admin_request_bytes >> 20) +
+                " MiB");
+      answer = parse_answer(exchange(address, body, wait));
       if (answer["ok"].get<bool>())
         checked_result(answer, command);
     } catch (const unreachable& e) {

@@ -289,7 +289,7 @@ int run_node(node_flags& nf) {
   // before it exists, and outlives it).
   o.stop = signals.stop_flag();
   setting_up.reset();
-  report.state("joining");
+  report.state("running"); // joining, then training
   actors::cluster_node node(o);
   const auto abort_node = signals.aborting([&node] { node.abort(); });
   actors::node_outcome outcome;

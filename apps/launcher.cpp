@@ -327,7 +327,7 @@ void report_ends(const std::vector<child>& children, bool stopping,
       what = "node " + std::to_string(c.rank) + " was killed by signal " +
              std::to_string(WTERMSIG(c.status)) +
              (c.killed ? " (by h2-launch)" : "") +
-             (c.state == "starting" ? " before it joined" : "");
+             (c.state != "running" ? " before it joined" : "");
     else
       what = "node " + std::to_string(c.rank) + " ended with code " +
              std::to_string(cc);

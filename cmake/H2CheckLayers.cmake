@@ -62,7 +62,10 @@ foreach(line IN LISTS _arrows)
   list(APPEND _modules ${from})
   set(_uses_${from} ${to})
 endforeach()
-# Each module's reach: the closure of its arrows, and core.
+# Each module's reach: the closure of its arrows, and core. A module with
+# no arrow (core) reaches nothing else.
+list(APPEND _modules core)
+list(REMOVE_DUPLICATES _modules)
 foreach(module IN LISTS _modules)
   set(reach core)
   set(frontier ${_uses_${module}})

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <cstdio>
 #include <exception>
 #include <mutex>
@@ -168,7 +169,12 @@ struct server_core {
   asio::executor_work_guard<asio::io_context::executor_type> worker_guard =
     asio::make_work_guard(worker);
 
+  /// Whether an accept is pending (none at the connection cap).
+  bool accepting = true;
+
   void accept();
+  /// Accepts again once a slot is free.
+  void resume_accepting();
   void shutdown();
 };
 
@@ -198,11 +204,13 @@ public:
       return;
     close_socket();
     server_.connections.erase(shared_from_this());
+    server_.resume_accepting();
   }
 
   /// Closes the socket and the timer only (stop() clears the set itself).
   void close_socket() {
     closed_ = true;
+    gone_ = true;
     asio::error_code ignored;
     socket_.close(ignored);
     deadline_.cancel();
@@ -250,15 +258,19 @@ private:
     call_.method = req.method == "HEAD" ? "GET" : req.method;
     call_.path = req.path;
     call_.peer = peer();
-    // What came with the head belongs to the body; the rest is read.
+    if (route_->method != "POST" || req.content_length == 0) {
+      dispatch(); // only POST routes take a body; others leave it unread
+      return;
+    }
+    // What came with the head belongs to the body; the rest is read, the
+    // buffer growing as bytes come (a length promised is not allocated).
     buffer_.consume(n);
     const auto early = std::min(buffer_.size(), req.content_length);
     auto rest = asio::buffers_begin(buffer_.data());
     call_.body.assign(rest, rest + static_cast<std::ptrdiff_t>(early));
-    call_.body.resize(req.content_length);
     asio::async_read(
-      socket_,
-      asio::buffer(call_.body.data() + early, call_.body.size() - early),
+      socket_, asio::dynamic_buffer(call_.body, req.content_length),
+      asio::transfer_exactly(req.content_length - early),
       [self = shared_from_this()](const asio::error_code& e, std::size_t) {
         if (self->closed_)
           return;
@@ -278,6 +290,8 @@ private:
     }
     arm(http_server::response_timeout); // the handler may take a while
     asio::post(server_.worker, [self = shared_from_this()] {
+      if (self->gone_) // closed while queued (its deadline passed): the
+        return;        // client was told nothing, so nothing is done
       auto answer =
         serialize(answer_of(*self->route_, self->call_), self->head_only_);
       asio::post(self->server_.io,
@@ -341,6 +355,8 @@ private:
   const http_route* route_ = nullptr;
   http_call call_;
   bool head_only_ = false;
+  /// closed_, as the worker thread reads it.
+  std::atomic<bool> gone_{false};
   std::array<char, 4096> discard_{};
   std::size_t drained_ = 0;
   bool closed_ = false;
@@ -358,16 +374,24 @@ void server_core::accept() {
       });
       return;
     }
-    if (connections.size() >= http_server::max_connections) {
-      asio::error_code ignored;
-      socket.close(ignored);
-    } else {
-      auto c = std::make_shared<connection>(*this, std::move(socket));
-      connections.insert(c);
-      c->start();
-    }
-    accept();
+    auto c = std::make_shared<connection>(*this, std::move(socket));
+    connections.insert(c);
+    c->start();
+    // At the cap, new clients wait in the listen backlog until a slot
+    // frees (resume_accepting), rather than being reset.
+    if (connections.size() < http_server::max_connections)
+      accept();
+    else
+      accepting = false;
   });
+}
+
+void server_core::resume_accepting() {
+  if (!accepting && acceptor.is_open() &&
+      connections.size() < http_server::max_connections) {
+    accepting = true;
+    accept();
+  }
 }
 
 void server_core::shutdown() {

@@ -220,18 +220,26 @@ void admin_inbox::close() {
 admin_reply admin_inbox::ask(admin_command c) {
   auto reply = std::make_shared<std::promise<admin_reply>>();
   auto answer = reply->get_future();
+  std::function<void()> wake;
   {
     std::lock_guard<std::mutex> guard(mutex_);
     if (!open_)
       return {false, "no training run is in progress (it is starting, or "
                      "ending)"};
-    queue_.push_back({std::move(c), std::move(reply)});
-    if (wake_) // under the lock: close() cannot drop it meanwhile
-      wake_();
+    queue_.push_back({std::move(c), reply});
+    wake = wake_; // called unlocked: it may take locks of its own
   }
-  if (answer.wait_for(timeout) != std::future_status::ready)
+  if (wake)
+    wake();
+  if (answer.wait_for(timeout) != std::future_status::ready) {
+    // Not taken yet: it never runs, as the client is told. (Taken: it
+    // runs, and its answer goes nowhere.)
+    std::lock_guard<std::mutex> guard(mutex_);
+    std::erase_if(queue_, [&](const command& q) { return q.reply == reply; });
     return {false, "the scheduler did not answer within " +
-                     std::to_string(timeout.count()) + " s"};
+                     std::to_string(timeout.count()) + " s; the command " +
+                     "was not carried out unless it had started"};
+  }
   return answer.get();
 }
 

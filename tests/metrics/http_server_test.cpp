@@ -433,6 +433,15 @@ TEST_F(metrics_http_routes_test, a_body_over_the_limit_is_413_unread) {
   EXPECT_EQ(r.status, 413) << r.raw;
 }
 
+TEST_F(metrics_http_routes_test, only_post_routes_read_a_body) {
+  // A GET that promises a body is answered without waiting for it.
+  auto r = send_request(server_->port(),
+                        "GET /metrics HTTP/1.1\r\nContent-Length: 1000000"
+                        "\r\n\r\n");
+  EXPECT_EQ(r.status, 200) << r.raw;
+  EXPECT_EQ(r.body, "m 1\n");
+}
+
 TEST_F(metrics_http_routes_test, a_blocking_route_holds_up_no_other) {
   reply waited;
   std::thread waiting([&] {

@@ -25,8 +25,9 @@ public:
   /// (services: coordinator, metrics, admin).
   void listening(std::string_view service, std::string_view host, int port);
 
-  /// {"event":"state","state":"joining"} (states: starting, joining,
-  /// ended).
+  /// {"event":"state","state":"running"} (states: starting, while it
+  /// reads the job, checks its chips and plans; running, once it joins
+  /// and trains).
   void state(std::string_view state);
 
 private:

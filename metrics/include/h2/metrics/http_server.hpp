@@ -51,7 +51,8 @@ struct http_route {
 /// Every response carries `Content-Length` and `Connection: close`. A client
 /// that has not sent a whole request head within 5 s is dropped; one that
 /// does not read its response within 30 s too. At most 64 connections are
-/// open at once; more are closed as soon as they are accepted.
+/// open at once; more wait in the listen backlog until one closes. Only
+/// POST routes read a body.
 class http_server {
 public:
   /// Bytes a request head (request line and headers) may take.

@@ -154,7 +154,7 @@ public:
   void close();
 
   /// Queues `c`, wakes the run and waits for the answer (at most
-  /// `timeout`).
+  /// `timeout`; a command not yet taken by then is withdrawn).
   admin_reply ask(admin_command c);
 
   /// The commands queued so far (the scheduler answers each).
