@@ -58,10 +58,6 @@ bool run_controller::stop_requested() const noexcept {
   return stop_->load() != 0;
 }
 
-scheduler::rebalance_policy* run_controller::policy() noexcept {
-  return rebalancer_ ? &rebalancer_->policy() : nullptr;
-}
-
 boundary_action run_controller::at_boundary() {
   boundary_action a;
   if (step_ >= steps_ || stop_requested()) {

@@ -90,8 +90,6 @@ public:
   int generation() const noexcept { return generation_; }
   run_phase phase() const noexcept;
   bool stop_requested() const noexcept;
-  /// The policy (null when the run keeps none).
-  scheduler::rebalance_policy* policy() noexcept;
 
   /// The step boundary's action. Taking it consumes it: the checkpoint
   /// request, the drills and the pending plan are handed out once; `hold`
