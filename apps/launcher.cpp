@@ -19,14 +19,11 @@
 #include <fcntl.h>
 #include <filesystem>
 #include <fstream>
-#include <iomanip>
 #include <iostream>
-#include <limits>
 #include <map>
 #include <mutex>
 #include <optional>
 #include <spawn.h>
-#include <sstream>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <thread>
