@@ -62,9 +62,11 @@ deps:
 	  $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $$missing; \
 	fi
 
+# A configure that fails leaves no cache behind, so the next make runs it
+# again instead of building a tree that was never generated.
 $(BUILD_DIR)/CMakeCache.txt: | deps
 	cmake -S . -B $(BUILD_DIR) -G "$(GENERATOR)" -DCMAKE_BUILD_TYPE=$(BUILD_TYPE) \
-	  $(CMAKE_ARGS)
+	  $(CMAKE_ARGS) || { rm -f $(BUILD_DIR)/CMakeCache.txt; exit 1; }
 
 configure: deps $(BUILD_DIR)/CMakeCache.txt
 
