@@ -7,6 +7,7 @@
 #include <caf/actor_cast.hpp>
 #include <caf/send.hpp>
 
+#include <algorithm>
 #include <optional>
 
 namespace h2::actors {
@@ -21,12 +22,9 @@ struct chip_state {
 
   void close_channels() noexcept { setup.close_channels(); }
 
-  /// Rebuilds the stage for the chip's part of `plan_json` (the same
-  /// neighbours, other layers) and loads `layers` into it (a live
-  /// re-plan, between steps).
-  void replan(const std::string& plan_json,
-              const std::vector<runtime::layer_state>& layers) {
-    const plan p = plan_from_json(plan_json, "the live re-plan");
+  /// The chip's setup under `p` (a live re-plan), on its channels: a
+  /// re-plan keeps every chip's neighbours.
+  runtime::worker_setup next_setup(const plan& p) const {
     std::optional<runtime::worker_setup> next;
     for (auto& w : runtime::make_worker_setups(setup.job, p, setup.origin,
                                                setup.cancel))
@@ -43,14 +41,64 @@ struct chip_state {
       link.channel = now->second.channel;
     }
     next->progress = setup.progress; // the watchdog watches the same record
+    return std::move(*next);
+  }
+
+  /// Rebuilds the stage for the chip's part of `plan_json` (the same
+  /// neighbours, other layers) and loads `layers` into it (a live
+  /// re-plan through the scheduler, between steps).
+  void replan(const std::string& plan_json,
+              const std::vector<runtime::layer_state>& layers) {
+    auto next = next_setup(plan_from_json(plan_json, "the live re-plan"));
     if (worker)
       worker->detach_channels();
     worker.reset(); // its stage's memory goes first
-    setup = std::move(*next);
+    setup = std::move(next);
     worker = std::make_unique<runtime::stage_worker>(setup);
     if (throttle != 1)
       worker->set_throttle(throttle);
     worker->restore(layers);
+  }
+
+  /// Moves the chip from plan `from_json` to `to_json` in place before
+  /// step `step`, its layers going chip to chip (stage_worker::migrate).
+  /// Returns the bytes it sent.
+  std::uint64_t migrate(const std::string& from_json,
+                        const std::string& to_json, std::int64_t step) {
+    H2_ENFORCE(worker != nullptr, "chip ", setup.chip->id.to_string(),
+               " was not set up");
+    const plan from = plan_from_json(from_json, "the running plan");
+    const plan to = plan_from_json(to_json, "the live re-plan");
+    auto m = runtime::migration_of(*setup.job, from, to);
+    H2_ENFORCE(m.indirect.empty(),
+               "layers cannot move chip to chip: ", m.indirect);
+    for (const auto& w : worker->setup().chunks) // the plan it runs
+      H2_ENFORCE(std::any_of(from.replicas.begin(), from.replicas.end(),
+                             [&](const replica_plan& r) {
+                               return std::find(r.stages.begin(),
+                                                r.stages.end(),
+                                                w) != r.stages.end();
+                             }),
+                 "chip ", setup.chip->id.to_string(),
+                 " does not run the plan the re-plan starts from");
+    auto next = next_setup(to);
+    setup = next; // the actor's copy, for closing the channels
+    return worker->migrate(std::move(next), m.chips[setup.chip->id], step);
+  }
+
+  /// The report of a stage rebuilt by `rebuild` (which returns the bytes
+  /// it sent), or its error, the channels closed.
+  template <class F>
+  caf::result<runtime::setup_report> rebuilt(F rebuild) {
+    try {
+      const std::uint64_t sent = rebuild();
+      auto r = worker->ready_report();
+      r.sent_bytes = sent;
+      return r;
+    } catch (...) {
+      close_channels();
+      return current_exception_error();
+    }
   }
 
   /// Runs `f` on the worker; exceptions become H2 caf::errors.
@@ -127,15 +175,16 @@ caf::behavior chip_actor(caf::event_based_actor* self,
         [&](runtime::stage_worker& w) { return w.snapshot(); });
     },
     [state](replan_atom, const std::string& plan_json,
-            const std::vector<runtime::layer_state>& layers)
-      -> caf::result<runtime::setup_report> {
-      try {
+            const std::vector<runtime::layer_state>& layers) {
+      return state->rebuilt([&] {
         state->replan(plan_json, layers);
-        return state->worker->ready_report();
-      } catch (...) {
-        state->close_channels();
-        return current_exception_error();
-      }
+        return std::uint64_t{0};
+      });
+    },
+    [state](migrate_atom, const std::string& from_json,
+            const std::string& to_json, std::int64_t step) {
+      return state->rebuilt(
+        [&] { return state->migrate(from_json, to_json, step); });
     },
     [self, state](snapshot_atom, std::int64_t step, std::string& job_id,
                   std::string& model_digest) {

@@ -4,6 +4,7 @@
 #include "h2/actors/errors.hpp"
 #include "h2/actors/messages.hpp"
 #include "h2/runtime/admin.hpp"
+#include "h2/runtime/migration.hpp"
 #include "h2/runtime/run_controller.hpp"
 #include "h2/runtime/step_control.hpp"
 
@@ -16,11 +17,9 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cmath>
 #include <functional>
 #include <iterator>
 #include <optional>
-#include <sstream>
 
 namespace h2::actors {
 
@@ -370,20 +369,88 @@ void on_steps(self_ptr self, std::vector<runtime::chip_step_report> steps) {
     update_atom::value, decision.command);
 }
 
-/// Moves the job to plan `p` between steps (docs/rebalance.md): replica
-/// 0's chips copy their layers to host memory, every chip gets its layers
-/// of `p` and rebuilds its stage; the moves' link time is charged on the
-/// virtual clock, the policy adopts `p`, the observer hears of it; then
-/// `then()`.
+/// Ends a live re-plan to `change` that moved `moves` by `route`: the
+/// moves' link time is charged on the virtual clock, the controller adopts
+/// the plan, the observer hears of it; then `then()`.
+void replan_done(self_ptr self, const runtime::plan_change& change,
+                 const std::vector<scheduler::layer_move>& moves,
+                 std::string route,
+                 const std::vector<runtime::setup_report>& reports,
+                 clock::time_point started, const std::function<void()>& then) {
+  auto& st = self->state;
+  auto& ctx = *st.ctx;
+  runtime::rebalance_event e;
+  e.step = st.control->step();
+  e.generation = st.control->replan_ended(change.value);
+  e.reason = change.reason;
+  e.value = change.value;
+  for (const auto& m : moves) {
+    e.moves.push_back("layers [" + std::to_string(m.first_layer) + ", " +
+                      std::to_string(m.end_layer) + ") " + m.from.to_string() +
+                      " -> " + m.to.to_string());
+    e.moved_bytes += m.bytes;
+    e.charged_seconds += m.seconds;
+  }
+  e.route = std::move(route);
+  for (const auto& r : reports)
+    e.sent_bytes += static_cast<double>(r.sent_bytes);
+  e.before_seconds = change.before_seconds;
+  e.after_seconds = change.after_seconds;
+  // The layers crossed the links one move after another.
+  st.virtual_barrier += e.charged_seconds;
+  e.pause_seconds = seconds_since(started);
+  if (ctx.observer != nullptr) { // the line, then the new stages
+    ctx.observer->on_rebalance(e);
+    ctx.observer->on_setup(ctx.the_plan, reports);
+  }
+  then();
+}
+
+/// Moves the job to `change.value` chip to chip (docs/rebalance.md,
+/// "Moving layers"): every chip sends the layers it gives up straight to
+/// their new owners and keeps the others (runtime::migration).
+void migrate(self_ptr self, runtime::plan_change change,
+             std::vector<scheduler::layer_move> moves,
+             std::function<void()> then) {
+  auto& ctx = *self->state.ctx;
+  const auto from = to_json(ctx.the_plan, -1), to = to_json(change.value, -1);
+  const std::int64_t step = self->state.control->step();
+  ctx.the_plan = change.value;
+  ctx.manifest.plan_json = to; // checkpoints record the live plan
+  const auto started = clock::now();
+  gather_with<runtime::setup_report>(
+    self, ctx.chips.size(),
+    [self, change = std::move(change), moves = std::move(moves),
+     then = std::move(then),
+     started](std::vector<runtime::setup_report> reports) {
+      replan_done(self, change, moves, "chip to chip", reports, started, then);
+    },
+    [self, from, to, step](std::size_t i, auto timeout) {
+      return self->request(self->state.ctx->chips[i], timeout,
+                           migrate_atom::value, from, to, step);
+    });
+}
+
+/// Moves the job to plan `p` between steps (docs/rebalance.md): chip to
+/// chip where it can (migrate()), else through the scheduler: replica 0's
+/// chips copy their layers to host memory, every chip gets its layers of
+/// `p` and rebuilds its stage. Then replan_done().
 void replan(self_ptr self, runtime::plan_change change,
             std::function<void()> then) {
   auto& ctx = *self->state.ctx;
   self->state.control->replan_started();
   std::vector<scheduler::layer_move> moves;
+  std::string indirect;
   try {
     moves = scheduler::layer_moves(*ctx.job, ctx.the_plan, change.value);
+    indirect =
+      runtime::migration_of(*ctx.job, ctx.the_plan, change.value).indirect;
   } catch (...) {
     fail(self, current_exception_error());
+    return;
+  }
+  if (indirect.empty()) {
+    migrate(self, std::move(change), std::move(moves), std::move(then));
     return;
   }
   const auto owners = snapshot_chips(ctx);
@@ -391,8 +458,9 @@ void replan(self_ptr self, runtime::plan_change change,
   gather_first<std::vector<runtime::layer_state>>(
     self, owners,
     [self, change = std::move(change), moves = std::move(moves),
-     then = std::move(then),
-     started](std::vector<std::vector<runtime::layer_state>> per_chip) {
+     then = std::move(then), started,
+     route = "through the scheduler: " + indirect](
+      std::vector<std::vector<runtime::layer_state>> per_chip) {
       std::vector<runtime::layer_state> layers;
       for (auto& chip : per_chip)
         for (auto& l : chip)
@@ -416,32 +484,9 @@ void replan(self_ptr self, runtime::plan_change change,
         }
       gather_with<runtime::setup_report>(
         self, ctx.chips.size(),
-        [self, change, moves, then,
-         started](std::vector<runtime::setup_report> reports) {
-          auto& st = self->state;
-          auto& ctx = *st.ctx;
-          runtime::rebalance_event e;
-          e.step = st.control->step();
-          e.generation = st.control->replan_ended(change.value);
-          e.reason = change.reason;
-          e.value = change.value;
-          for (const auto& m : moves) {
-            e.moves.push_back("layers [" + std::to_string(m.first_layer) +
-                              ", " + std::to_string(m.end_layer) + ") " +
-                              m.from.to_string() + " -> " + m.to.to_string());
-            e.moved_bytes += m.bytes;
-            e.charged_seconds += m.seconds;
-          }
-          e.before_seconds = change.before_seconds;
-          e.after_seconds = change.after_seconds;
-          // The layers crossed the links one move after another.
-          st.virtual_barrier += e.charged_seconds;
-          e.pause_seconds = seconds_since(started);
-          if (ctx.observer != nullptr) { // the line, then the new stages
-            ctx.observer->on_rebalance(e);
-            ctx.observer->on_setup(ctx.the_plan, reports);
-          }
-          then();
+        [self, change, moves, then, started,
+         route](std::vector<runtime::setup_report> reports) {
+          replan_done(self, change, moves, route, reports, started, then);
         },
         [self, json, slices](std::size_t i, auto timeout) {
           return self->request(self->state.ctx->chips[i], timeout,
@@ -637,34 +682,6 @@ caf::behavior scheduler_actor(self_ptr self, std::shared_ptr<run_context> ctx) {
 }
 
 } // namespace
-
-std::chrono::milliseconds step_timeout(const job_config& job) {
-  return std::chrono::milliseconds(static_cast<std::int64_t>(
-    std::ceil(job.runtime.step_timeout_seconds * 1000)));
-}
-
-failure request_failure(const caf::error& e, const job_config& job,
-                        const chip_id& chip) {
-  if (e != caf::sec::request_timeout)
-    return to_failure(e);
-  std::ostringstream msg;
-  msg << "chip " << chip.to_string() << " did not answer within "
-      << job.runtime.step_timeout_seconds
-      << " s (runtime.step_timeout_seconds)";
-  return {errc::step_timeout, msg.str()};
-}
-
-void check_replans(const std::map<int, plan>& replans, const plan& start,
-                   const job_config& job) {
-  for (const auto& [step, p] : replans) {
-    const std::string where = "the re-plan before step " + std::to_string(step);
-    scheduler::check_plan(p, job, where);
-    if (plan_chips(p) != plan_chips(start))
-      throw config_error(where, "a live re-plan keeps the chips and their "
-                                "order; this one changes them (that needs "
-                                "a checkpoint and a restart)");
-  }
-}
 
 caf::actor spawn_scheduler(caf::actor_system& system,
                            std::shared_ptr<run_context> ctx) {

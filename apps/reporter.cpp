@@ -369,6 +369,8 @@ void reporter::on_rebalance(const runtime::rebalance_event& e) {
                             {"reason", e.reason},
                             {"moves", e.moves},
                             {"moved_bytes", e.moved_bytes},
+                            {"route", e.route},
+                            {"sent_bytes", e.sent_bytes},
                             {"charged_seconds", e.charged_seconds},
                             {"pause_seconds", e.pause_seconds},
                             {"predicted_before_seconds", e.before_seconds},
@@ -389,6 +391,8 @@ void reporter::on_rebalance(const runtime::rebalance_event& e) {
   if (e.before_seconds > 0)
     std::fprintf(options_.out, " | predicted step %.4f s -> %.4f s (%+.1f%%)",
                  e.before_seconds, e.after_seconds, -100.0 * gain);
+  if (!e.moves.empty() && e.route != "chip to chip") // the slow way
+    std::fprintf(options_.out, " | %s", e.route.c_str());
   std::fprintf(options_.out, "\n");
   std::fflush(options_.out);
 }

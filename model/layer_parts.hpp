@@ -11,18 +11,25 @@ namespace h2::model::detail {
 
 /// Draws initial weights in a fixed order from one layer's own generator
 /// (seeded from (seed, index)), on the host (the same bits whatever the
-/// device), and puts them on `device`.
+/// device), and puts them on `device`; or, for initial_weights::over(),
+/// hands out the given values, the next elements for each tensor asked
+/// (normal(), zeros() and ones() alike).
 class initializer {
 public:
-  initializer(std::uint64_t seed, int index, c10::Device device);
+  initializer(initial_weights seed, int index, c10::Device device);
 
   at::Tensor normal(at::IntArrayRef shape, double std);
-  at::Tensor zeros(at::IntArrayRef shape) const;
-  at::Tensor ones(at::IntArrayRef shape) const;
+  at::Tensor zeros(at::IntArrayRef shape);
+  at::Tensor ones(at::IntArrayRef shape);
 
 private:
+  /// The next given tensor of `shape`.
+  at::Tensor given(at::IntArrayRef shape);
+
   at::Generator gen_;
   c10::Device device_;
+  at::Tensor values_; ///< initial_weights::values
+  std::int64_t taken_ = 0;
 };
 
 /// GPT-2's initialisation, which the llama layers share: N(0, 0.02)
@@ -47,7 +54,7 @@ protected:
   /// (cfg.tie_embeddings), the embedding's own first draw (layer 0 draws
   /// its token table first in both families), marked tied.
   at::Tensor& add_lm_head(const gpt_config& cfg, initializer& init,
-                          std::uint64_t seed, c10::Device device);
+                          initial_weights seed, c10::Device device);
 
 private:
   std::int64_t vocab_;
@@ -57,7 +64,7 @@ private:
 /// head class, each constructed from (cfg, index, seed, device).
 template <class Embedding, class Block, class Head>
 std::unique_ptr<layer> make_family_layer(const gpt_config& cfg, int index,
-                                         std::uint64_t seed,
+                                         initial_weights seed,
                                          c10::Device device) {
   switch (kind_of_layer(cfg, index)) {
     case layer_kind::embedding:
@@ -78,6 +85,7 @@ at::Tensor attention_core(const at::Tensor& q, const at::Tensor& k,
 
 /// llama.cpp's layers.
 std::unique_ptr<layer> make_llama_layer(const gpt_config& cfg, int index,
-                                        std::uint64_t seed, c10::Device device);
+                                        initial_weights seed,
+                                        c10::Device device);
 
 } // namespace h2::model::detail

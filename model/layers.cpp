@@ -45,22 +45,51 @@ std::uint64_t layer_seed(std::uint64_t seed, int index) {
 
 } // namespace
 
-initializer::initializer(std::uint64_t seed, int index, c10::Device device)
-    : gen_(at::make_generator<at::CPUGeneratorImpl>(layer_seed(seed, index))),
-      device_(device) {
+initializer::initializer(initial_weights seed, int index, c10::Device device)
+    : gen_(
+        at::make_generator<at::CPUGeneratorImpl>(layer_seed(seed.seed, index))),
+      device_(device),
+      values_(std::move(seed.values)) {
+  H2_ENFORCE(!values_.defined() ||
+               (values_.scalar_type() == at::kFloat && values_.dim() == 1 &&
+                values_.is_contiguous()),
+             "layer ", index, ": given values are not a flat fp32 tensor");
+}
+
+at::Tensor initializer::given(at::IntArrayRef shape) {
+  std::int64_t n = 1;
+  for (auto s : shape)
+    n *= s;
+  H2_ENFORCE(taken_ + n <= values_.numel(), "the given values end after ",
+             values_.numel(), " of them");
+  // Not a view: a tensor of its own over the same storage, a leaf that can
+  // require grad.
+  std::vector<std::int64_t> strides(shape.size(), 1);
+  for (std::size_t i = shape.size(); i-- > 1;)
+    strides[i - 1] = strides[i] * shape[i];
+  auto t = at::empty({0}, values_.options());
+  t.set_(values_.storage(), values_.storage_offset() + taken_, shape, strides);
+  taken_ += n;
+  return t;
 }
 
 at::Tensor initializer::normal(at::IntArrayRef shape, double std) {
+  if (values_.defined())
+    return given(shape);
   auto t = at::empty(shape, at::kFloat);
   t.normal_(0.0, std, gen_);
   return t.to(device_);
 }
 
-at::Tensor initializer::zeros(at::IntArrayRef shape) const {
+at::Tensor initializer::zeros(at::IntArrayRef shape) {
+  if (values_.defined())
+    return given(shape);
   return at::zeros(shape, at::TensorOptions(at::kFloat).device(device_));
 }
 
-at::Tensor initializer::ones(at::IntArrayRef shape) const {
+at::Tensor initializer::ones(at::IntArrayRef shape) {
+  if (values_.defined())
+    return given(shape);
   return at::ones(shape, at::TensorOptions(at::kFloat).device(device_));
 }
 
@@ -77,12 +106,15 @@ at::Tensor attention_core(const at::Tensor& q, const at::Tensor& k,
 }
 
 at::Tensor& head_base::add_lm_head(const gpt_config& cfg, initializer& init,
-                                   std::uint64_t seed, c10::Device device) {
+                                   initial_weights seed, c10::Device device) {
   const std::vector<std::int64_t> shape{cfg.vocab_size, cfg.d_model};
   if (!cfg.tie_embeddings)
     return add("head.lm_head.weight", init.normal(shape, init_std), true);
-  initializer embedding(seed, 0, device);
-  auto& w = add("head.lm_head.weight", embedding.normal(shape, init_std), true);
+  // Given values hold the copy too.
+  auto value = seed.values.defined()
+                 ? init.normal(shape, init_std)
+                 : initializer(seed, 0, device).normal(shape, init_std);
+  auto& w = add("head.lm_head.weight", std::move(value), true);
   parameters().back().tied = true;
   return w;
 }
@@ -103,7 +135,7 @@ using detail::initializer;
 
 class embedding_layer final : public layer {
 public:
-  embedding_layer(const gpt_config& cfg, int index, std::uint64_t seed,
+  embedding_layer(const gpt_config& cfg, int index, initial_weights seed,
                   c10::Device device)
       : layer(index, layer_kind::embedding) {
     initializer init(seed, index, device);
@@ -123,7 +155,7 @@ private:
 
 class block_layer final : public layer {
 public:
-  block_layer(const gpt_config& cfg, int index, std::uint64_t seed,
+  block_layer(const gpt_config& cfg, int index, initial_weights seed,
               c10::Device device)
       : layer(index, layer_kind::block),
         n_head_(cfg.n_head),
@@ -185,7 +217,7 @@ private:
 
 class head_layer final : public detail::head_base {
 public:
-  head_layer(const gpt_config& cfg, int index, std::uint64_t seed,
+  head_layer(const gpt_config& cfg, int index, initial_weights seed,
              c10::Device device)
       : head_base(index, cfg.vocab_size), eps_(cfg.norm_eps) {
     initializer init(seed, index, device);
@@ -214,7 +246,7 @@ at::Tensor head_logits(const layer& head, const at::Tensor& input) {
 }
 
 std::unique_ptr<layer> make_layer(const gpt_config& cfg, int index,
-                                  std::uint64_t seed, c10::Device device) {
+                                  initial_weights seed, c10::Device device) {
   if (cfg.family == model_family::llama)
     return detail::make_llama_layer(cfg, index, seed, device);
   return detail::make_family_layer<embedding_layer, block_layer, head_layer>(

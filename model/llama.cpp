@@ -18,7 +18,7 @@ namespace {
 
 class llama_embedding final : public layer {
 public:
-  llama_embedding(const gpt_config& cfg, int index, std::uint64_t seed,
+  llama_embedding(const gpt_config& cfg, int index, initial_weights seed,
                   c10::Device device)
       : layer(index, layer_kind::embedding) {
     initializer init(seed, index, device);
@@ -36,7 +36,7 @@ private:
 
 class llama_block final : public layer {
 public:
-  llama_block(const gpt_config& cfg, int index, std::uint64_t seed,
+  llama_block(const gpt_config& cfg, int index, initial_weights seed,
               c10::Device device)
       : layer(index, layer_kind::block),
         n_head_(cfg.n_head),
@@ -105,7 +105,7 @@ private:
 
 class llama_head final : public head_base {
 public:
-  llama_head(const gpt_config& cfg, int index, std::uint64_t seed,
+  llama_head(const gpt_config& cfg, int index, initial_weights seed,
              c10::Device device)
       : head_base(index, cfg.vocab_size), eps_(cfg.norm_eps) {
     initializer init(seed, index, device);
@@ -125,7 +125,7 @@ private:
 } // namespace
 
 std::unique_ptr<layer> make_llama_layer(const gpt_config& cfg, int index,
-                                        std::uint64_t seed,
+                                        initial_weights seed,
                                         c10::Device device) {
   return detail::make_family_layer<llama_embedding, llama_block, llama_head>(
     cfg, index, seed, device);

@@ -16,6 +16,25 @@ stage::stage(const gpt_config& cfg, int first_layer, int end_layer,
     layers_.push_back(make_layer(cfg, l, seed, device));
 }
 
+stage::stage(const gpt_config& cfg, int first_layer, int end_layer,
+             std::vector<std::unique_ptr<layer>> layers, c10::Device device)
+    : cfg_(cfg),
+      first_(first_layer),
+      end_(end_layer),
+      device_(device),
+      layers_(std::move(layers)) {
+  H2_ENFORCE(0 <= first_layer && first_layer < end_layer &&
+               end_layer <= cfg.num_layers() &&
+               static_cast<int>(layers_.size()) == end_layer - first_layer,
+             "first=", first_layer, " end=", end_layer,
+             " layers=", cfg.num_layers(), " given=", layers_.size());
+  for (std::size_t i = 0; i < layers_.size(); ++i)
+    H2_ENFORCE(layers_[i] != nullptr &&
+                 layers_[i]->index() == first_layer + static_cast<int>(i),
+               "stage [", first_layer, ", ", end_layer, ") given layer ",
+               layers_[i] ? layers_[i]->index() : -1, " at ", i);
+}
+
 at::Tensor stage::forward(const at::Tensor& input, const micro_batch& mb) {
   at::Tensor x = input;
   int blocks = 0;

@@ -30,28 +30,43 @@ stage_worker::stage_worker(worker_setup setup) : setup_(std::move(setup)) {
     *setup_.chip, job.emulation,
     devices::chip_clock(job.emulation.clock, setup_.origin, setup_.cancel),
     job.train.threads_per_chip);
-  for (auto& [peer, link] : setup_.peers)
-    if (link.channel) // this plan's bounds, also on kept channels
-      link.channel->set_limits(setup_.limits);
   devices::thread_binding bind(*device_);
   H2_ENFORCE(!setup_.chunks.empty(), "chip ", setup_.chip->id.to_string(),
              " holds no chunk");
-  bool needs_data = false;
-  for (const auto& c : setup_.chunks) {
+  for (const auto& c : setup_.chunks)
     chunks_.push_back(std::make_unique<model::stage>(job.model, c.first_layer,
                                                      c.end_layer, job.seed,
                                                      device_->torch_device()));
-    chunks_.back()->set_recompute(c.recompute);
-    needs_data = needs_data || chunks_.back()->has_embedding() ||
-                 chunks_.back()->has_head();
-    for (const auto& l : chunks_.back()->layers())
+  adopt_plan();
+  timeout_ = std::chrono::duration<double>(job.transport.timeout_seconds);
+  loss_scale_ = 1.0 / static_cast<double>(job.tokens_per_step());
+}
+
+void stage_worker::adopt_plan() {
+  const job_config& job = *setup_.job;
+  for (auto& [peer, link] : setup_.peers)
+    if (link.channel) // this plan's bounds, also on kept channels
+      link.channel->set_limits(setup_.limits);
+  H2_ENFORCE(chunks_.size() == setup_.chunks.size(), "chip ",
+             setup_.chip->id.to_string(), " built ", chunks_.size(),
+             " chunks of ", setup_.chunks.size());
+  layers_.clear();
+  bool needs_data = false;
+  for (std::size_t i = 0; i < chunks_.size(); ++i) {
+    chunks_[i]->set_recompute(setup_.chunks[i].recompute);
+    needs_data =
+      needs_data || chunks_[i]->has_embedding() || chunks_[i]->has_head();
+    for (const auto& l : chunks_[i]->layers())
       layers_.push_back(l.get());
   }
   shard_optimizer_state();
-  if (needs_data)
+  if (needs_data && !data_)
     data_ = model::make_data_source(job);
   schedule_ = scheduler::make_schedule(setup_.schedule, setup_.layout,
                                        setup_.micro_batches, setup_.times);
+  work_.clear();
+  forward_share_.clear();
+  backward_share_.clear();
   double forward_total = 0, backward_total = 0;
   attention_work_ = attention_core_work(job.model, setup_.micro_batch_size,
                                         device_->compute_dtype());
@@ -95,8 +110,6 @@ stage_worker::stage_worker(worker_setup setup) : setup_(std::move(setup)) {
     x = forward_total > 0 ? x / forward_total : 1.0 / n;
   for (auto& x : backward_share_)
     x = backward_total > 0 ? x / backward_total : 1.0 / n;
-  timeout_ = std::chrono::duration<double>(job.transport.timeout_seconds);
-  loss_scale_ = 1.0 / static_cast<double>(job.tokens_per_step());
 }
 
 stage_worker::~stage_worker() {

@@ -42,6 +42,7 @@ struct replan_outcome {
   std::vector<double> losses;
   std::vector<runtime::parameter_values> params;
   std::vector<std::vector<int>> stage_layers; ///< from each on_setup
+  std::vector<runtime::rebalance_event> rebalances;
 };
 
 class setup_recorder : public runtime::step_recorder {
@@ -63,7 +64,8 @@ replan_outcome run(const std::shared_ptr<job_config>& job, const plan& p,
   actors::run_options o(job->train.steps, true);
   o.replans = std::move(replans);
   local.run(o, recorder);
-  return {recorder.losses(), local.parameters(), recorder.setups};
+  return {recorder.losses(), local.parameters(), recorder.setups,
+          recorder.rebalances};
 }
 
 TEST(actors_replan, moved_layers_train_as_if_they_never_moved) {
@@ -131,6 +133,54 @@ TEST(actors_replan, layers_moved_between_chunks_train_as_if_they_never_moved) {
   for (std::size_t i = 0; i < still.params.size(); ++i)
     EXPECT_EQ(moved.params[i].values, still.params[i].values)
       << still.params[i].name;
+}
+
+/// Bytes of layer `l`'s state: its fp32 values, and with `moments` both
+/// AdamW moments of each.
+double state_bytes(const job_config& job, int l, bool moments) {
+  return (moments ? 12.0 : 4.0) *
+         static_cast<double>(layer_parameters(job.model, l));
+}
+
+TEST(actors_replan, a_rebalance_sends_exactly_the_moved_layers_state) {
+  auto job = replan_job();
+  const plan start = cut(*job, {2, 2, 2});
+  const auto still = run(job, start, {});
+  // Before step 0 no moments exist yet; before step 3 they do.
+  const auto moved =
+    run(job, start, {{0, cut(*job, {1, 3, 2})}, {3, cut(*job, {3, 2, 1})}});
+  EXPECT_EQ(moved.losses, still.losses); // bitwise
+  ASSERT_EQ(moved.rebalances.size(), 2u);
+  // [2, 2, 2] -> [1, 3, 2]: layer 1 moves 0:0 -> 0:1.
+  // [1, 3, 2] -> [3, 2, 1]: layers 1 and 2 move 0:1 -> 0:0, layer 4
+  // 0:2 -> 0:1.
+  const double expected[] = {state_bytes(*job, 1, false),
+                             state_bytes(*job, 1, true) +
+                               state_bytes(*job, 2, true) +
+                               state_bytes(*job, 4, true)};
+  for (std::size_t i = 0; i < 2; ++i) {
+    const auto& e = moved.rebalances[i];
+    EXPECT_EQ(e.route, "chip to chip");
+    EXPECT_EQ(e.sent_bytes, expected[i]) << "re-plan " << i;
+  }
+  EXPECT_EQ(moved.rebalances[1].moved_bytes, expected[1]);
+  EXPECT_EQ(moved.rebalances[1].moves,
+            (std::vector<std::string>{"layers [1, 3) 0:1 -> 0:0",
+                                      "layers [4, 5) 0:2 -> 0:1"}));
+}
+
+TEST(actors_replan, layers_that_skip_a_chip_go_through_the_scheduler) {
+  auto job = replan_job();
+  const plan start = cut(*job, {3, 1, 2});
+  const auto still = run(job, start, {});
+  // Layer 2 moves from 0:0 to 0:2, which share no channel.
+  const auto moved = run(job, start, {{2, cut(*job, {1, 1, 4})}});
+  EXPECT_EQ(moved.losses, still.losses); // bitwise
+  ASSERT_EQ(moved.rebalances.size(), 1u);
+  EXPECT_EQ(moved.rebalances[0].route,
+            "through the scheduler: layers [2, 3) move from 0:0 to 0:2, "
+            "which share no channel");
+  EXPECT_EQ(moved.rebalances[0].sent_bytes, 0);
 }
 
 TEST(actors_replan, a_replan_that_changes_the_chips_is_refused) {

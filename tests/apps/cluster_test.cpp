@@ -650,6 +650,17 @@ TEST_F(apps_cluster, layers_moved_live_over_two_nodes_train_as_if_not) {
   const auto still = logged_losses(dir_ / "still.jsonl");
   EXPECT_EQ(still.size(), 6u);
   EXPECT_EQ(logged_losses(dir_ / "moved.jsonl"), still); // bitwise
+  // The layers went chip to chip, across the node boundary too, and the
+  // channels carried exactly their state.
+  const auto moves =
+    events(json_log(read_text(dir_ / "moved.jsonl")), "rebalance");
+  ASSERT_EQ(moves.size(), 2u);
+  for (const auto& e : moves) {
+    EXPECT_EQ(e.at("route"), "chip to chip") << e.dump();
+    EXPECT_EQ(e.at("sent_bytes").get<double>(),
+              e.at("moved_bytes").get<double>())
+      << e.dump();
+  }
 }
 
 TEST_F(apps_cluster, nodes_that_see_other_checkpoint_directories_refuse) {

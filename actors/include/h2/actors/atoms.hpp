@@ -16,6 +16,8 @@ using written_atom = caf::atom_constant<caf::atom("written")>;
 using saved_atom = caf::atom_constant<caf::atom("saved")>;
 using layers_atom = caf::atom_constant<caf::atom("layers")>;
 using replan_atom = caf::atom_constant<caf::atom("replan")>;
+/// A live re-plan chip to chip: each chip moves its layers itself.
+using migrate_atom = caf::atom_constant<caf::atom("migrate")>;
 using throttle_atom = caf::atom_constant<caf::atom("throttle")>;
 /// [[drills]] hang: the chip's next compute op waits until the watchdog or
 /// an abort ends it.

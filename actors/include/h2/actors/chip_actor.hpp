@@ -43,6 +43,10 @@ struct chip_options {
 /// - (replan_atom, std::string plan_json, std::vector<layer_state>) ->
 ///   setup_report: rebuilds the stage for the chip's part of the plan, on
 ///   the same channels (the same neighbours), and loads the layers
+/// - (migrate_atom, std::string from_json, std::string to_json,
+///   std::int64_t step) -> setup_report: moves from plan `from_json` to
+///   `to_json` in place, sending and receiving the layers that change owner
+///   over the channels (stage_worker::migrate); sent_bytes counts them
 /// Spawn with caf::detached.
 caf::behavior chip_actor(caf::event_based_actor* self,
                          runtime::worker_setup setup, chip_options options);

@@ -67,8 +67,8 @@ typename Inspector::result_type inspect(Inspector& f, channel_traffic& x) {
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, setup_report& x) {
-  return f(caf::meta::type_name("setup_report"), x.chip, x.parameters,
-           x.memory);
+  return f(caf::meta::type_name("setup_report"), x.chip, x.parameters, x.memory,
+           x.sent_bytes);
 }
 
 template <class Inspector>

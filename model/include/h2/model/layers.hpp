@@ -19,6 +19,23 @@
 
 namespace h2::model {
 
+/// Where a layer's first weights come from: drawn from (seed, global layer
+/// index), or given (a layer that moved from another chip).
+struct initial_weights {
+  /// A seed draws: the implicit conversion keeps make_layer(cfg, i, seed).
+  initial_weights(std::uint64_t s) noexcept : seed(s) {} // NOLINT
+  /// The parameters are `values` itself, a flat fp32 tensor of the
+  /// layer's parameter count: each parameter's tensor aliases the next
+  /// elements of it, in the order the layer lists them (no copy).
+  static initial_weights over(at::Tensor values) {
+    initial_weights w(0);
+    w.values = std::move(values);
+    return w;
+  }
+  std::uint64_t seed = 0;
+  at::Tensor values; ///< defined: over()
+};
+
 /// One trainable tensor with its optimizer state.
 struct parameter {
   std::string name;      ///< "block3.attn.qkv.weight"
@@ -97,7 +114,7 @@ at::Tensor head_logits(const layer& head, const at::Tensor& input);
 /// tensors are allocated on the calling thread (and so are charged to the
 /// chip bound to it).
 std::unique_ptr<layer> make_layer(const gpt_config& cfg, int index,
-                                  std::uint64_t seed,
+                                  initial_weights seed,
                                   c10::Device device = c10::kCPU);
 
 } // namespace h2::model

@@ -16,6 +16,18 @@ public:
   stage(const gpt_config& cfg, int first_layer, int end_layer,
         std::uint64_t seed, c10::Device device = c10::kCPU);
 
+  /// The stage of layers [first_layer, end_layer) of `cfg` made already:
+  /// `layers`, one per layer in order, living on `device` (a chip's stage
+  /// rebuilt around the layers it keeps in a live re-plan). Throws
+  /// h2::internal_error when they are not those layers.
+  stage(const gpt_config& cfg, int first_layer, int end_layer,
+        std::vector<std::unique_ptr<layer>> layers, c10::Device device);
+
+  /// Hands over the stage's layers; it holds none afterwards.
+  std::vector<std::unique_ptr<layer>> release_layers() noexcept {
+    return std::move(layers_);
+  }
+
   /// Runs every layer of the stage. The first stage ignores `input` and
   /// embeds mb.tokens; the last returns the scaled loss (a scalar).
   at::Tensor forward(const at::Tensor& input, const micro_batch& mb);

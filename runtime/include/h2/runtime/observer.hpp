@@ -36,6 +36,13 @@ struct rebalance_event {
   /// The layers that changed owner: "layers [3, 5) 0:1 -> 0:2".
   std::vector<std::string> moves;
   double moved_bytes = 0;
+  /// How the layers went: "chip to chip" (each from its old owner straight
+  /// to its new one over their channel), or "through the scheduler: "
+  /// and why they could not go chip to chip (runtime::migration).
+  std::string route;
+  /// Bytes the chips sent each other moving layers chip to chip, as their
+  /// channels counted them (0 through the scheduler).
+  double sent_bytes = 0;
   /// The moves' link time, charged on the virtual clock.
   double charged_seconds = 0;
   /// Wall time training stood still for it.

@@ -89,6 +89,9 @@ struct setup_report {
   chip_id chip;
   std::int64_t parameters = 0;
   memory_report memory;
+  /// Bytes the chip sent its neighbours moving layers chip to chip (a live
+  /// re-plan, stage_worker::migrate); 0 otherwise.
+  std::uint64_t sent_bytes = 0;
 };
 
 /// Starts the forward/backward phase of a step on every chip.

@@ -12,6 +12,7 @@
 #include "h2/devices/device_context.hpp"
 #include "h2/model/data.hpp"
 #include "h2/model/stage.hpp"
+#include "h2/runtime/migration.hpp"
 #include "h2/runtime/reports.hpp"
 #include "h2/runtime/stage_state.hpp"
 #include "h2/runtime/watchdog.hpp"
@@ -140,6 +141,17 @@ public:
   /// naming the layer when a layer's state is missing or does not fit.
   void restore(const std::vector<layer_state>& states);
 
+  /// Moves the worker to `next`, this chip's setup under another plan with
+  /// the same neighbours (a live re-plan, between steps; docs/rebalance.md,
+  /// "Moving layers"), in place: sends the layers `m` sends, each to its
+  /// new owner over their channel, receives those `m` receives, keeps every
+  /// other layer as it is (no copy) and rebuilds only what follows from the
+  /// plan (chunks, schedule, op costs). `step` is the first step under the
+  /// new plan (the transfers' tags). Returns the bytes it sent over its
+  /// channels (channel_stats). On failure closes every channel and throws.
+  std::uint64_t migrate(worker_setup next, const chip_migration& m,
+                        std::int64_t step);
+
   /// Closes both channels: waiting neighbours fail with peer_closed, this
   /// worker's own waits with cancelled. Thread-safe.
   void close_channels() noexcept;
@@ -167,6 +179,10 @@ public:
 
 private:
   struct op_context;
+  /// Everything that follows from setup_ and chunks_ (the stages built for
+  /// setup_.chunks): channel limits, recomputation, the layer list, ZeRO-1
+  /// shares, the data source, the schedule and op costs.
+  void adopt_plan();
   /// Emulated seconds of one micro-batch's ops of one chunk on this chip
   /// (< 0: a real device, measured instead).
   struct op_seconds {

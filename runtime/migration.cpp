@@ -1,0 +1,113 @@
+// Live re-plans chip to chip (docs/rebalance.md, "Moving layers").
+#include "h2/runtime/migration.hpp"
+
+#include "h2/core/error.hpp"
+#include "h2/runtime/safetensors.hpp" // checkpoint_error
+#include "h2/runtime/stage_worker.hpp"
+#include "h2/scheduler/rebalance.hpp"
+#include "h2/transport/collectives.hpp"
+
+#include <ATen/ops/cat.h>
+
+#include <set>
+#include <utility>
+
+namespace h2::runtime {
+
+namespace {
+
+/// The group number of collective_tag that moved layers use (no reduction
+/// group reaches it; tied embeddings use 4095).
+constexpr int layer_move_group = 4094;
+
+} // namespace
+
+migration migration_of(const job_config& job, const plan& from,
+                       const plan& to) {
+  migration out;
+  if (from.shards_optimizer() || to.shards_optimizer())
+    out.indirect = "ZeRO-1 shards the moved layers' optimizer state";
+  // Who shares a channel under `from`: the setups' peers (a non-owning
+  // pointer to `job`, which outlives them).
+  std::set<std::pair<chip_id, chip_id>> linked;
+  const std::shared_ptr<const job_config> shared(std::shared_ptr<void>(), &job);
+  for (const auto& w : make_worker_setups(shared, from, {}, nullptr)) {
+    out.chips[w.chip->id];
+    for (const auto& [peer, link] : w.peers)
+      linked.emplace(w.chip->id, peer);
+  }
+  for (const auto& m : scheduler::layer_moves(job, from, to)) {
+    for (int l = m.first_layer; l < m.end_layer; ++l) {
+      out.chips[m.from].sends.push_back({l, m.to});
+      out.chips[m.to].receives.push_back({l, m.from});
+    }
+    if (out.indirect.empty() && linked.count({m.from, m.to}) == 0)
+      out.indirect = "layers [" + std::to_string(m.first_layer) + ", " +
+                     std::to_string(m.end_layer) + ") move from " +
+                     m.from.to_string() + " to " + m.to.to_string() +
+                     ", which share no channel";
+  }
+  return out;
+}
+
+std::uint64_t layer_move_tag(std::int64_t step, int layer) {
+  return transport::collective_tag(step, layer_move_group, layer >> 12,
+                                   layer & 4095);
+}
+
+at::Tensor pack_layer(const model::layer& l) {
+  std::vector<at::Tensor> parts;
+  bool moments = false;
+  for (const auto& p : l.parameters()) {
+    H2_ENFORCE(p.shard_length < 0, "layer ", l.index(), ", ", p.name,
+               ": sharded moments do not move chip to chip");
+    parts.push_back(p.value.detach().reshape({-1}));
+    moments = p.exp_avg.defined();
+  }
+  if (moments)
+    for (const auto& p : l.parameters()) {
+      H2_ENFORCE(p.exp_avg.defined() && p.exp_avg_sq.defined(), "layer ",
+                 l.index(), ", ", p.name, ": no AdamW moments");
+      parts.push_back(p.exp_avg.reshape({-1}));
+      parts.push_back(p.exp_avg_sq.reshape({-1}));
+    }
+  return at::cat(parts);
+}
+
+std::unique_ptr<model::layer> unpack_layer(const gpt_config& cfg, int index,
+                                           const at::Tensor& packed) {
+  const std::int64_t values = layer_parameters(cfg, index);
+  const auto where = "layer " + std::to_string(index);
+  if (!packed.defined() || packed.scalar_type() != at::kFloat ||
+      packed.dim() != 1 ||
+      (packed.numel() != values && packed.numel() != 3 * values))
+    throw checkpoint_error(
+      checkpoint_errc::mismatch, "",
+      where + ": a moved state of " + std::to_string(values) +
+        " fp32 values (or 3 times as many, with the AdamW moments) "
+        "expected, got " +
+        (packed.defined() ? std::to_string(packed.numel()) + " of " +
+                              c10::toString(packed.scalar_type())
+                          : std::string("no tensor")));
+  auto l = model::make_layer(
+    cfg, index,
+    model::initial_weights::over(packed.contiguous().narrow(0, 0, values)),
+    packed.device());
+  H2_ENFORCE(l->parameter_count() == values, where, " has ",
+             l->parameter_count(), " parameters, its size says ", values);
+  if (packed.numel() == values)
+    return l; // before the first update: the optimizer makes the moments
+  std::int64_t at = values;
+  auto next = [&](const at::Tensor& like) {
+    auto part = packed.narrow(0, at, like.numel()).view(like.sizes());
+    at += like.numel();
+    return part;
+  };
+  for (auto& p : l->parameters()) {
+    p.exp_avg = next(p.value);
+    p.exp_avg_sq = next(p.value);
+  }
+  return l;
+}
+
+} // namespace h2::runtime
