@@ -411,13 +411,12 @@ void replan_done(self_ptr self, const runtime::plan_change& change,
 /// their new owners and keeps the others (runtime::migration).
 void migrate(self_ptr self, runtime::plan_change change,
              std::vector<scheduler::layer_move> moves,
-             std::function<void()> then) {
+             clock::time_point started, std::function<void()> then) {
   auto& ctx = *self->state.ctx;
   const auto from = to_json(ctx.the_plan, -1), to = to_json(change.value, -1);
   const std::int64_t step = self->state.control->step();
   ctx.the_plan = change.value;
   ctx.manifest.plan_json = to; // checkpoints record the live plan
-  const auto started = clock::now();
   gather_with<runtime::setup_report>(
     self, ctx.chips.size(),
     [self, change = std::move(change), moves = std::move(moves),
@@ -439,6 +438,7 @@ void replan(self_ptr self, runtime::plan_change change,
             std::function<void()> then) {
   auto& ctx = *self->state.ctx;
   self->state.control->replan_started();
+  const auto started = clock::now();
   std::vector<scheduler::layer_move> moves;
   std::string indirect;
   try {
@@ -450,11 +450,11 @@ void replan(self_ptr self, runtime::plan_change change,
     return;
   }
   if (indirect.empty()) {
-    migrate(self, std::move(change), std::move(moves), std::move(then));
+    migrate(self, std::move(change), std::move(moves), started,
+            std::move(then));
     return;
   }
   const auto owners = snapshot_chips(ctx);
-  const auto started = clock::now();
   gather_first<std::vector<runtime::layer_state>>(
     self, owners,
     [self, change = std::move(change), moves = std::move(moves),

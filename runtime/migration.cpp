@@ -7,7 +7,9 @@
 #include "h2/scheduler/rebalance.hpp"
 #include "h2/transport/collectives.hpp"
 
-#include <ATen/ops/cat.h>
+#include <ATen/ops/empty.h>
+
+#include <cstring>
 
 #include <set>
 #include <utility>
@@ -56,22 +58,41 @@ std::uint64_t layer_move_tag(std::int64_t step, int layer) {
 }
 
 at::Tensor pack_layer(const model::layer& l) {
-  std::vector<at::Tensor> parts;
+  std::vector<const at::Tensor*> parts;
   bool moments = false;
   for (const auto& p : l.parameters()) {
     H2_ENFORCE(p.shard_length < 0, "layer ", l.index(), ", ", p.name,
                ": sharded moments do not move chip to chip");
-    parts.push_back(p.value.detach().reshape({-1}));
+    parts.push_back(&p.value);
     moments = p.exp_avg.defined();
   }
   if (moments)
     for (const auto& p : l.parameters()) {
       H2_ENFORCE(p.exp_avg.defined() && p.exp_avg_sq.defined(), "layer ",
                  l.index(), ", ", p.name, ": no AdamW moments");
-      parts.push_back(p.exp_avg.reshape({-1}));
-      parts.push_back(p.exp_avg_sq.reshape({-1}));
+      parts.push_back(&p.exp_avg);
+      parts.push_back(&p.exp_avg_sq);
     }
-  return at::cat(parts);
+  std::int64_t total = 0;
+  for (const auto* t : parts)
+    total += t->numel();
+  H2_ENFORCE(!parts.empty(), "layer ", l.index(), " has no parameters");
+  auto out = at::empty(
+    {total}, parts.front()->options().dtype(at::kFloat).requires_grad(false));
+  // Host tensors by memcpy: a dozen library ops per parameter cost more
+  // than the copy itself at small widths.
+  std::int64_t at = 0;
+  for (const auto* t : parts) {
+    H2_ENFORCE(t->scalar_type() == at::kFloat, "layer ", l.index(),
+               ": state is fp32");
+    if (out.is_cpu() && t->is_cpu() && t->is_contiguous())
+      std::memcpy(out.data_ptr<float>() + at, t->data_ptr<float>(),
+                  static_cast<std::size_t>(t->numel()) * sizeof(float));
+    else
+      out.narrow(0, at, t->numel()).copy_(t->detach().reshape({-1}));
+    at += t->numel();
+  }
+  return out;
 }
 
 std::unique_ptr<model::layer> unpack_layer(const gpt_config& cfg, int index,
