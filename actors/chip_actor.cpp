@@ -97,6 +97,7 @@ struct chip_state {
       return r;
     } catch (...) {
       close_channels();
+      worker.reset(); // half moved: nothing may call into it
       return current_exception_error();
     }
   }

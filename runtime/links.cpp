@@ -28,10 +28,12 @@ transport::channel_limits channel_limits_of(const job_config& job,
   transport::channel_limits limits;
   limits.max_payload_bytes =
     3 * std::max({layer_state, activations, job.transport.bucket_bytes});
+  // A live re-plan sends one message per moved layer, perhaps before the
+  // receiver waits for them (runtime/migration.hpp).
   limits.max_unawaited =
     2 * static_cast<std::size_t>(micro_batches) *
       static_cast<std::size_t>(std::max(1, job.train.eval_batches)) +
-    4;
+    4 + static_cast<std::size_t>(model.num_layers());
   return limits;
 }
 

@@ -38,6 +38,14 @@ migration migration_of(const job_config& job, const plan& from,
     for (const auto& [peer, link] : w.peers)
       linked.emplace(w.chip->id, peer);
   }
+  // Checked before anything moves, by either route.
+  for (const auto& w : make_worker_setups(shared, to, {}, nullptr))
+    for (const auto& [peer, link] : w.peers)
+      if (linked.count({w.chip->id, peer}) == 0)
+        throw error("a live re-plan keeps every chip's neighbours; chip " +
+                    w.chip->id.to_string() + " would need one to " +
+                    peer.to_string() +
+                    " (that needs a checkpoint and a restart)");
   for (const auto& m : scheduler::layer_moves(job, from, to)) {
     for (int l = m.first_layer; l < m.end_layer; ++l) {
       out.chips[m.from].sends.push_back({l, m.to});
@@ -64,7 +72,7 @@ at::Tensor pack_layer(const model::layer& l) {
     H2_ENFORCE(p.shard_length < 0, "layer ", l.index(), ", ", p.name,
                ": sharded moments do not move chip to chip");
     parts.push_back(&p.value);
-    moments = p.exp_avg.defined();
+    moments = moments || p.exp_avg.defined();
   }
   if (moments)
     for (const auto& p : l.parameters()) {
@@ -96,7 +104,9 @@ at::Tensor pack_layer(const model::layer& l) {
 }
 
 std::unique_ptr<model::layer> unpack_layer(const gpt_config& cfg, int index,
-                                           const at::Tensor& packed) {
+                                           const at::Tensor& received,
+                                           c10::Device device) {
+  const auto& packed = received;
   const std::int64_t values = layer_parameters(cfg, index);
   const auto where = "layer " + std::to_string(index);
   if (!packed.defined() || packed.scalar_type() != at::kFloat ||
@@ -110,17 +120,20 @@ std::unique_ptr<model::layer> unpack_layer(const gpt_config& cfg, int index,
         (packed.defined() ? std::to_string(packed.numel()) + " of " +
                               c10::toString(packed.scalar_type())
                           : std::string("no tensor")));
+  // A buffer of this chip's own: what arrived is the sender's memory (in
+  // one process) or a peer's shared memory (shm), charged and written there.
+  auto own =
+    at::empty({packed.numel()}, at::TensorOptions(at::kFloat).device(device));
+  own.copy_(packed);
   auto l = model::make_layer(
-    cfg, index,
-    model::initial_weights::over(packed.contiguous().narrow(0, 0, values)),
-    packed.device());
+    cfg, index, model::initial_weights::over(own.narrow(0, 0, values)), device);
   H2_ENFORCE(l->parameter_count() == values, where, " has ",
              l->parameter_count(), " parameters, its size says ", values);
   if (packed.numel() == values)
     return l; // before the first update: the optimizer makes the moments
   std::int64_t at = values;
   auto next = [&](const at::Tensor& like) {
-    auto part = packed.narrow(0, at, like.numel()).view(like.sizes());
+    auto part = own.narrow(0, at, like.numel()).view(like.sizes());
     at += like.numel();
     return part;
   };

@@ -28,6 +28,10 @@ std::uint64_t stage_worker::migrate(worker_setup next, const chip_migration& m,
     devices::thread_binding bind(*device_);
     const auto& model = setup_.job->model;
     const auto& me = device_->id();
+    // ZeRO-1's shares follow the plan's rings: its re-plans go through the
+    // scheduler (migration_of).
+    H2_ENFORCE(!setup_.zero1 && !next.zero1, "chip ", me.to_string(),
+               ": sharded optimizer state does not move chip to chip");
     auto channel_to = [&](const chip_id& peer) -> transport::channel& {
       auto it = setup_.peers.find(peer);
       H2_ENFORCE(it != setup_.peers.end() && it->second.channel, "chip ",
@@ -62,7 +66,8 @@ std::uint64_t stage_worker::migrate(worker_setup next, const chip_migration& m,
     const auto sent = bytes_sent_to(setup_.peers) - sent_before;
     for (auto& [index, pending] : incoming) {
       const auto msg = pending.get(timeout_);
-      held[index] = unpack_layer(model, index, device_->take(msg.tensor));
+      held[index] =
+        unpack_layer(model, index, msg.tensor, device_->torch_device());
     }
     setup_ = std::move(next);
     for (const auto& c : setup_.chunks) {
@@ -83,6 +88,7 @@ std::uint64_t stage_worker::migrate(worker_setup next, const chip_migration& m,
                held.empty() ? -1 : held.begin()->first,
                ", which the new plan places elsewhere");
     adopt_plan();
+    device_->reset_peak(); // the new stage's peak, as a rebuilt chip's
     return sent;
   });
 }

@@ -3,6 +3,7 @@
 // scheduler instead, and a moved layer's state on the wire: built over the
 // received buffer without a copy, refused when it is not the layer's.
 #include "h2/core/error.hpp"
+#include "h2/devices/device_context.hpp"
 #include "h2/model/optim.hpp"
 #include "h2/runtime/migration.hpp"
 #include "h2/runtime/safetensors.hpp"
@@ -73,40 +74,86 @@ chips = ["emulated:h100-sxm", "emulated:h100-sxm"]
             "ZeRO-1 shards the moved layers' optimizer state");
 }
 
-TEST(runtime_migration, a_moved_layer_is_built_over_its_buffer_bit_for_bit) {
-  auto job = three_chips();
-  const auto& cfg = job->model;
-  for (int index : {0, 2, cfg.num_layers() - 1}) {
-    auto original = model::make_layer(cfg, index, 7);
-    // Before the first update: values only.
-    auto packed = runtime::pack_layer(*original);
-    EXPECT_EQ(packed.numel(), layer_parameters(cfg, index));
-    // After one: both moments too.
-    for (auto& p : original->parameters())
-      p.value.mutable_grad() = at::ones_like(p.value);
-    model::adamw_update(*original, job->train, 1e-3, 1, 1.0);
-    packed = runtime::pack_layer(*original);
-    ASSERT_EQ(packed.numel(), 3 * layer_parameters(cfg, index));
-    auto moved = runtime::unpack_layer(cfg, index, packed);
-    ASSERT_EQ(moved->parameters().size(), original->parameters().size());
-    const auto* base = static_cast<const char*>(packed.data_ptr());
-    const auto end = base + packed.nbytes();
-    for (std::size_t i = 0; i < moved->parameters().size(); ++i) {
-      const auto& got = moved->parameters()[i];
-      const auto& want = original->parameters()[i];
-      EXPECT_EQ(got.name, want.name);
-      EXPECT_EQ(got.tied, want.tied);
-      EXPECT_TRUE(got.value.requires_grad()) << got.name;
-      for (const auto& [g, w] : {std::pair{got.value, want.value},
-                                 {got.exp_avg, want.exp_avg},
-                                 {got.exp_avg_sq, want.exp_avg_sq}}) {
-        EXPECT_TRUE(at::equal(g, w)) << got.name;
-        // An alias of the received buffer, not a copy.
-        const auto* at = static_cast<const char*>(g.data_ptr());
-        EXPECT_TRUE(at >= base && at + g.nbytes() <= end) << got.name;
+/// A job of `model` on three chips.
+std::shared_ptr<job_config> three_chips_of(const std::string& model) {
+  return std::make_shared<job_config>(parse_job(small_job_toml(5, model) + R"(
+[[nodes]]
+chips = ["emulated:h100-sxm", "emulated:mi250x", "emulated:a100-sxm-80gb"]
+)",
+                                                "family.toml"));
+}
+
+TEST(runtime_migration, a_moved_layer_is_built_over_one_buffer_bit_for_bit) {
+  for (const auto& model : {small_model_toml, small_tied_llama_model_toml})
+    for (int index : {0, 2, 5}) {
+      auto job = three_chips_of(model);
+      const auto& cfg = job->model;
+      ASSERT_EQ(cfg.num_layers(), 6);
+      auto original = model::make_layer(cfg, index, 7);
+      // Before the first update: values only.
+      auto packed = runtime::pack_layer(*original);
+      EXPECT_EQ(packed.numel(), layer_parameters(cfg, index));
+      // After one: both moments too.
+      for (auto& p : original->parameters())
+        p.value.mutable_grad() = at::ones_like(p.value);
+      model::adamw_update(*original, job->train, 1e-3, 1, 1.0);
+      packed = runtime::pack_layer(*original);
+      ASSERT_EQ(packed.numel(), 3 * layer_parameters(cfg, index));
+      auto moved = runtime::unpack_layer(cfg, index, packed);
+      ASSERT_EQ(moved->parameters().size(), original->parameters().size());
+      // One buffer of its own (not the received one) holds everything.
+      const auto& first = moved->parameters().front().value;
+      const auto* base = static_cast<const char*>(first.data_ptr());
+      const auto end = base + packed.nbytes();
+      EXPECT_NE(base, static_cast<const char*>(packed.data_ptr()));
+      for (std::size_t i = 0; i < moved->parameters().size(); ++i) {
+        const auto& got = moved->parameters()[i];
+        const auto& want = original->parameters()[i];
+        EXPECT_EQ(got.name, want.name);
+        EXPECT_EQ(got.tied, want.tied);
+        EXPECT_TRUE(got.value.requires_grad()) << got.name;
+        for (const auto& [g, w] : {std::pair{got.value, want.value},
+                                   {got.exp_avg, want.exp_avg},
+                                   {got.exp_avg_sq, want.exp_avg_sq}}) {
+          EXPECT_TRUE(at::equal(g, w)) << got.name;
+          // Within the buffer: an alias, not a copy of its own.
+          const auto* at = static_cast<const char*>(g.data_ptr());
+          EXPECT_TRUE(at >= base && at + g.nbytes() <= end) << got.name;
+        }
       }
     }
+}
+
+TEST(runtime_migration, a_moved_layer_is_charged_to_its_new_chip_only) {
+  auto job = three_chips();
+  const auto& cfg = job->model;
+  auto device_of = [&](int index) {
+    return devices::make_device(
+      *job->find_chip(chip_id{0, index}), job->emulation,
+      devices::chip_clock(job->emulation.clock,
+                          devices::chip_clock::wall_clock::now()),
+      1);
+  };
+  auto from = device_of(0), to = device_of(1);
+  const auto from_empty = from->usage().used, to_empty = to->usage().used;
+  std::unique_ptr<model::layer> original, moved;
+  at::Tensor message;
+  {
+    devices::thread_binding bind(*from);
+    original = model::make_layer(cfg, 2, 7, from->torch_device());
+    message = runtime::pack_layer(*original);
+    original.reset(); // the sender lets go of the layer
   }
+  {
+    devices::thread_binding bind(*to);
+    moved = runtime::unpack_layer(cfg, 2, message, to->torch_device());
+  }
+  message = at::Tensor(); // the message is gone
+  EXPECT_EQ(from->usage().used, from_empty) << "the sender still pays";
+  EXPECT_GE(to->usage().used - to_empty,
+            static_cast<std::uint64_t>(layer_parameters(cfg, 2)) * 4);
+  for (const auto& p : moved->parameters())
+    EXPECT_TRUE(to->holds(p.value)) << p.name;
 }
 
 TEST(runtime_migration, a_state_that_is_not_the_layers_is_refused) {

@@ -41,7 +41,9 @@ struct migration {
 
 /// The layers of every replica that change owner from plan `from` to plan
 /// `to` (the same replicas with the same chips: throws h2::internal_error
-/// otherwise), chip by chip. They can go chip to chip when every move is
+/// otherwise), chip by chip. Throws h2::error naming the two chips when
+/// `to` would give a chip a neighbour it shares no channel with under
+/// `from`. They can go chip to chip when every move is
 /// between two chips that share a channel under `from` (pipeline, tied
 /// embedding or ring neighbours) and neither plan shards the optimizer
 /// state (ZeRO-1 shards a layer's moments by plan-dependent rings).
@@ -56,12 +58,14 @@ std::uint64_t layer_move_tag(std::int64_t step, int layer);
 /// parameter with sharded moments.
 at::Tensor pack_layer(const model::layer& l);
 
-/// Layer `index` of `cfg` over a pack_layer() tensor of it, on the chip
-/// `packed` lives on (taken over by it, device_context::take): the
-/// layer's parameters and moments alias `packed`, nothing is copied.
-/// Throws checkpoint_error(mismatch) naming the layer when `packed` is not
-/// an fp32 vector of the layer's values (with or without both moments).
+/// Layer `index` of `cfg` on `device` from a received pack_layer() tensor
+/// of it: one copy into a buffer allocated on the calling thread (so
+/// charged to the chip bound to it), which the layer's parameters and
+/// moments then alias. Throws checkpoint_error(mismatch) naming the layer
+/// when `received` is not an fp32 vector of the layer's values (with or
+/// without both moments).
 std::unique_ptr<model::layer> unpack_layer(const gpt_config& cfg, int index,
-                                           const at::Tensor& packed);
+                                           const at::Tensor& received,
+                                           c10::Device device = c10::kCPU);
 
 } // namespace h2::runtime
