@@ -16,9 +16,12 @@ admin_server::admin_server(const admin_config& config,
   metrics::http_route admin{
     "/admin", "POST",
     [this](const metrics::http_call& call) { return handle(call); }, true};
+  std::optional<metrics::http_tls> tls;
+  if (!config.certificate.empty())
+    tls = metrics::http_tls{config.certificate, config.key, config.client_ca};
   server_ = std::make_unique<metrics::http_server>(
     config.bind, static_cast<std::uint16_t>(config.port),
-    std::vector<metrics::http_route>{std::move(admin)});
+    std::vector<metrics::http_route>{std::move(admin)}, std::move(tls));
 }
 
 metrics::http_answer admin_server::refuse(int status, const std::string& peer,

@@ -5,6 +5,7 @@
 #include "h2/apps/app.hpp"
 #include "h2/apps/exit_codes.hpp"
 #include "h2/apps/session.hpp"
+#include "h2/apps/tls_client.hpp"
 #include "h2/core/error.hpp"
 #include "h2/runtime/admin.hpp"
 
@@ -15,12 +16,14 @@
 #include <cctype>
 #include <cerrno>
 #include <chrono>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <iostream>
 #include <map>
+#include <memory>
 #include <sstream>
 
 #include <fcntl.h>
@@ -96,17 +99,23 @@ std::string body_of(const std::string& response, const std::string& address) {
   return body;
 }
 
-/// POSTs `body` to HOST:PORT/admin and returns the answer's body, by
-/// `by.until`.
-std::string exchange(const std::string& address, const std::string& body,
-                     const deadline& by) {
-  const auto until = by.until;
-  const auto timeout = by.timeout;
+/// Where the job's endpoint is, and how to reach it.
+struct endpoint {
+  std::string address;          ///< HOST:PORT
+  apps::tls_client_options tls; ///< ca "": plain HTTP
+  /// tls's files, loaded before anything is sent (null: plain HTTP).
+  std::shared_ptr<const apps::tls_client_context> context;
+};
+
+/// A non-blocking socket connected to `address` (HOST:PORT) by `until`;
+/// `host` is set to its HOST.
+int connect_to(const std::string& address, std::string& host,
+               clock::time_point until) {
   const auto colon = address.rfind(':');
   if (colon == std::string::npos || colon == 0 || colon + 1 == address.size())
     throw config_error("--address",
                        "expected HOST:PORT, got \"" + address + "\"");
-  std::string host = address.substr(0, colon);
+  host = address.substr(0, colon);
   if (host.size() > 2 && host.front() == '[' && host.back() == ']')
     host = host.substr(1, host.size() - 2);
   const std::string port = address.substr(colon + 1);
@@ -142,6 +151,18 @@ std::string exchange(const std::string& address, const std::string& body,
   ::freeaddrinfo(found);
   if (fd < 0)
     throw unreachable("cannot connect to " + address + ": " + why);
+  return fd;
+}
+
+/// POSTs `body` to HOST:PORT/admin and returns the answer's body, by
+/// `by.until`.
+std::string exchange(const endpoint& at, const std::string& body,
+                     const deadline& by) {
+  const auto& address = at.address;
+  const auto until = by.until;
+  const auto timeout = by.timeout;
+  std::string host;
+  const int fd = connect_to(address, host, until);
   const std::string out = "POST /admin HTTP/1.1\r\nHost: " + address +
                           "\r\nContent-Type: application/json\r\n"
                           "Content-Length: " +
@@ -151,6 +172,16 @@ std::string exchange(const std::string& address, const std::string& body,
   std::string answer;
   char buf[4096];
   try {
+    std::unique_ptr<apps::tls_client> tls;
+    if (at.context) {
+      try {
+        tls = std::make_unique<apps::tls_client>(fd, host, *at.context, until);
+        tls->write_all(out, until);
+        sent = out.size();
+      } catch (const error& e) {
+        throw unreachable(e.what());
+      }
+    }
     while (sent < out.size()) {
       pollfd p{fd, POLLOUT, 0};
       if (::poll(&p, 1, millis_left(until)) != 1)
@@ -166,11 +197,22 @@ std::string exchange(const std::string& address, const std::string& body,
     }
     // The server closes the connection after its answer.
     for (;;) {
-      pollfd p{fd, POLLIN, 0};
-      if (::poll(&p, 1, millis_left(until)) != 1)
-        throw unreachable("no answer from " + address + " within " +
-                          std::to_string(timeout.count()) + " s");
-      ssize_t n = ::recv(fd, buf, sizeof(buf), 0);
+      ssize_t n = 0;
+      if (tls) {
+        try {
+          n = static_cast<ssize_t>(tls->read_some(buf, sizeof(buf), until));
+        } catch (const error& e) {
+          throw unreachable(e.what());
+        }
+        if (n == 0)
+          break;
+      } else {
+        pollfd p{fd, POLLIN, 0};
+        if (::poll(&p, 1, millis_left(until)) != 1)
+          throw unreachable("no answer from " + address + " within " +
+                            std::to_string(timeout.count()) + " s");
+        n = ::recv(fd, buf, sizeof(buf), 0);
+      }
       if (n < 0 && (errno == EAGAIN || errno == EINTR))
         continue;
       if (n <= 0)
@@ -314,7 +356,7 @@ json parse_answer(const std::string& line) {
 }
 
 /// The endpoint's session (docs/admin.md, "The protocol").
-std::string session_of(const std::string& address, const deadline& by) {
+std::string session_of(const endpoint& address, const deadline& by) {
   const auto answer = parse_answer(
     exchange(address, std::string(runtime::admin_session_query), by));
   const auto& session =
@@ -325,10 +367,34 @@ std::string session_of(const std::string& address, const deadline& by) {
   return session.get<std::string>();
 }
 
+/// --ca, --cert and --key (docs/admin.md, "TLS").
+void add_tls_options(CLI::App& cli, apps::tls_client_options& tls) {
+  cli
+    .add_option("--ca", tls.ca,
+                "Speak TLS, trusting the endpoint's certificate when this "
+                "CA (a PEM file) signed it ([admin] certificate)")
+    ->check(CLI::ExistingFile);
+  auto* cert = cli
+                 .add_option("--cert", tls.certificate,
+                             "This client's certificate (PEM), for an "
+                             "endpoint with an [admin] client_ca")
+                 ->check(CLI::ExistingFile)
+                 ->needs("--ca");
+  auto* key =
+    cli.add_option("--key", tls.key, "The private key of --cert (PEM)")
+      ->check(CLI::ExistingFile);
+  cert->needs(key);
+  key->needs(cert);
+}
+
 } // namespace
 
 int main(int argc, char** argv) {
-  std::string address, token_file;
+  // A peer that closes while OpenSSL writes must be an error, not SIGPIPE.
+  std::signal(SIGPIPE, SIG_IGN);
+  endpoint at;
+  std::string& address = at.address;
+  std::string token_file;
   bool as_json = false;
   int timeout = 30;
   CLI::App cli{"Steer a running H2 job through its admin endpoint "
@@ -342,6 +408,7 @@ int main(int argc, char** argv) {
                 "The admin token ([admin] "
                 "token_file of the job)")
     ->required();
+  add_tls_options(cli, at.tls);
   cli.add_flag("--json", as_json, "Print the job's answer as JSON");
   cli.add_option("--timeout", timeout, "Seconds to wait for the answer")
     ->check(CLI::Range(1, 3600));
@@ -365,6 +432,8 @@ int main(int argc, char** argv) {
       throw config_error("", e.what());
     }
     const auto token = runtime::load_admin_token(token_file, "--token-file");
+    if (!at.tls.ca.empty())
+      at.context = std::make_shared<apps::tls_client_context>(at.tls);
     const auto seq = static_cast<std::uint64_t>(
       std::chrono::duration_cast<std::chrono::nanoseconds>(
         std::chrono::system_clock::now().time_since_epoch())
@@ -374,7 +443,7 @@ int main(int argc, char** argv) {
     json answer;
     try {
       const auto request = runtime::seal_admin_request(
-        *token, seq, session_of(address, wait), command, std::move(args));
+        *token, seq, session_of(at, wait), command, std::move(args));
       const auto body = runtime::encode_admin_request(request);
       if (body.size() > runtime::max_admin_request_bytes)
         throw config_error(
@@ -382,7 +451,7 @@ int main(int argc, char** argv) {
                 " bytes; the endpoint takes at most " +
                 std::to_string(runtime::max_admin_request_bytes >> 20) +
                 " MiB");
-      answer = parse_answer(exchange(address, body, wait));
+      answer = parse_answer(exchange(at, body, wait));
       if (answer["ok"].get<bool>())
         checked_result(answer, command);
     } catch (const unreachable& e) {

@@ -254,6 +254,14 @@ admin_service::admin_service(const job_config& job, const run_flags& flags,
                        "missing: the admin endpoint needs a token file "
                        "(docs/admin.md)");
   auto token = runtime::load_admin_token(job.admin.token_file);
+  if (!job.admin.certificate.empty()) {
+    try {
+      metrics::check_tls(
+        {job.admin.certificate, job.admin.key, job.admin.client_ca});
+    } catch (const h2::error& e) {
+      throw config_error("admin.certificate", e.what());
+    }
+  }
   admin_config where = job.admin;
   where.port = port;
   inbox_ = std::make_shared<runtime::admin_inbox>();
@@ -264,7 +272,8 @@ admin_service::admin_service(const job_config& job, const run_flags& flags,
                                        " (choose another with --admin-port)");
   }
   std::cout << program << ": admin endpoint at " << job.admin.bind << ":"
-            << server_->port() << std::endl;
+            << server_->port()
+            << (job.admin.certificate.empty() ? "" : " (TLS)") << std::endl;
 }
 
 void write_safetensors(const std::string& path,

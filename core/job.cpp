@@ -542,6 +542,16 @@ void read_admin(table_reader& root, job_config& job) {
     throw config_error(t->path("token_file"),
                        "missing: the admin endpoint needs a token file "
                        "(docs/admin.md)");
+  a.certificate = t->optional<std::string>("certificate", "");
+  a.key = t->optional<std::string>("key", "");
+  a.client_ca = t->optional<std::string>("client_ca", "");
+  if (a.certificate.empty() != a.key.empty())
+    throw config_error(t->path(a.key.empty() ? "key" : "certificate"),
+                       "missing: TLS needs both the certificate and its "
+                       "private key (PEM files)");
+  if (!a.client_ca.empty() && a.certificate.empty())
+    throw config_error(t->path("client_ca"),
+                       "a client CA needs TLS: set certificate and key too");
   t->finish();
 }
 

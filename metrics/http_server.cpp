@@ -4,6 +4,7 @@
 #include "h2/metrics/http_request.hpp"
 
 #include <asio.hpp>
+#include <asio/ssl.hpp>
 
 #include <algorithm>
 #include <array>
@@ -11,9 +12,11 @@
 #include <cstdio>
 #include <exception>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <string_view>
 #include <thread>
+#include <type_traits>
 #include <utility>
 #include <variant>
 
@@ -22,6 +25,7 @@ namespace h2::metrics {
 namespace {
 
 using asio::ip::tcp;
+using tls_stream = asio::ssl::stream<tcp::socket>;
 using buffer_iterator =
   asio::buffers_iterator<asio::streambuf::const_buffers_type>;
 
@@ -152,18 +156,89 @@ std::string serialize(const response& r, bool head_only) {
   return out;
 }
 
-class connection;
+/// What the server keeps of a connection, whatever its stream.
+class connection_base {
+public:
+  virtual ~connection_base() = default;
+  /// Closes the socket and the timer only (stop() clears the set itself).
+  virtual void close_socket() = 0;
+};
+
+/// The TCP socket under a connection's stream.
+tcp::socket& socket_of(tcp::socket& s) {
+  return s;
+}
+tcp::socket& socket_of(tls_stream& s) {
+  return s.next_layer();
+}
+const tcp::socket& socket_of(const tcp::socket& s) {
+  return s;
+}
+const tcp::socket& socket_of(const tls_stream& s) {
+  return s.next_layer();
+}
+
+/// The server's TLS context from `tls`; throws h2::error naming the file
+/// that does not load.
+std::unique_ptr<asio::ssl::context> make_tls_context(const http_tls& tls) {
+  std::unique_ptr<asio::ssl::context> ctx;
+  try {
+    ctx = std::make_unique<asio::ssl::context>(asio::ssl::context::tls_server);
+    ctx->set_options(
+      asio::ssl::context::default_workarounds | asio::ssl::context::no_sslv2 |
+      asio::ssl::context::no_sslv3 | asio::ssl::context::no_tlsv1 |
+      asio::ssl::context::no_tlsv1_1);
+    // An encrypted key fails to load rather than asking for a passphrase;
+    // clients may not renegotiate.
+    ctx->set_password_callback(
+      [](std::size_t, asio::ssl::context::password_purpose) {
+        return std::string();
+      });
+    SSL_CTX_set_options(ctx->native_handle(), SSL_OP_NO_RENEGOTIATION);
+  } catch (const std::exception& e) {
+    throw error(std::string("TLS: ") + e.what());
+  }
+  auto load = [](const std::string& what, const std::string& path, auto f) {
+    try {
+      f();
+    } catch (const std::exception& e) {
+      throw error("TLS: cannot use " + what + " \"" + path + "\": " + e.what());
+    }
+  };
+  load("the certificate", tls.certificate,
+       [&] { ctx->use_certificate_chain_file(tls.certificate); });
+  load("the private key", tls.key,
+       [&] { ctx->use_private_key_file(tls.key, asio::ssl::context::pem); });
+  if (!tls.client_ca.empty()) {
+    load("the client CA", tls.client_ca, [&] {
+      ctx->load_verify_file(tls.client_ca);
+      // Named in the certificate request, so a client picks its right one.
+      if (auto* names = SSL_load_client_CA_file(tls.client_ca.c_str()))
+        SSL_CTX_set_client_CA_list(ctx->native_handle(), names);
+    });
+    ctx->set_verify_mode(asio::ssl::verify_peer |
+                         asio::ssl::verify_fail_if_no_peer_cert);
+    // Verified clients may resume TLS 1.2 sessions.
+    static const unsigned char context_id[] = "h2-http-server";
+    SSL_CTX_set_session_id_context(ctx->native_handle(), context_id,
+                                   sizeof(context_id) - 1);
+  }
+  return ctx;
+}
 
 /// The state the server thread works on. Touched only by the server thread
 /// while it runs, and by stop() after joining it.
 struct server_core {
-  // Declared first so that it is destroyed last: sockets and timers must not
-  // outlive their io_context.
+  /// Set: every connection speaks TLS. Declared before `io` so that it
+  /// outlives the streams that handlers queued in `io` still hold.
+  std::unique_ptr<asio::ssl::context> tls;
+  // Declared before the sockets and timers, so that it is destroyed after
+  // them: they must not outlive their io_context.
   asio::io_context io;
   tcp::acceptor acceptor{io};
   asio::steady_timer accept_retry{io};
   std::vector<http_route> routes;
-  std::set<std::shared_ptr<connection>> connections;
+  std::set<std::shared_ptr<connection_base>> connections;
   /// Where blocking routes run, one call at a time.
   asio::io_context worker;
   asio::executor_work_guard<asio::io_context::executor_type> worker_guard =
@@ -178,23 +253,36 @@ struct server_core {
   void shutdown();
 };
 
-/// One client: read the head (bounded in size and time), answer, drain,
-/// close. Kept alive by the server's set and by its pending handlers.
-class connection : public std::enable_shared_from_this<connection> {
+/// One client: (with TLS, a handshake,) read the head (bounded in size and
+/// time), answer, drain, close. Kept alive by the server's set and by its
+/// pending handlers. `Stream`: tcp::socket, or tls_stream.
+template <class Stream>
+class connection : public connection_base,
+                   public std::enable_shared_from_this<connection<Stream>> {
+  static constexpr bool tls = std::is_same_v<Stream, tls_stream>;
+
 public:
-  connection(server_core& server, tcp::socket socket)
+  connection(server_core& server, Stream stream)
       : server_(server),
-        socket_(std::move(socket)),
+        socket_(std::move(stream)),
         deadline_(server.io),
         buffer_(http_server::max_request_head_bytes) {}
 
   void start() {
-    arm(http_server::request_timeout);
-    asio::async_read_until(
-      socket_, buffer_, &match_head_end,
-      [self = shared_from_this()](const asio::error_code& ec, std::size_t n) {
-        self->on_head(ec, n);
-      });
+    arm(http_server::request_timeout); // the handshake included
+    if constexpr (tls)
+      socket_.async_handshake(
+        asio::ssl::stream_base::server,
+        [self = this->shared_from_this()](const asio::error_code& ec) {
+          if (self->closed_)
+            return;
+          if (ec) // not TLS, or a client certificate the CA did not sign
+            self->close();
+          else
+            self->read_head();
+        });
+    else
+      read_head();
   }
 
   /// Closes the socket and forgets the connection; its pending operations
@@ -203,25 +291,31 @@ public:
     if (closed_)
       return;
     close_socket();
-    server_.connections.erase(shared_from_this());
+    server_.connections.erase(this->shared_from_this());
     server_.resume_accepting();
   }
 
-  /// Closes the socket and the timer only (stop() clears the set itself).
-  void close_socket() {
+  void close_socket() override {
     closed_ = true;
     gone_ = true;
     asio::error_code ignored;
-    socket_.close(ignored);
+    socket_of(socket_).close(ignored);
     deadline_.cancel();
   }
 
 private:
+  void read_head() {
+    asio::async_read_until(
+      socket_, buffer_, &match_head_end,
+      [self = this->shared_from_this()](
+        const asio::error_code& ec, std::size_t n) { self->on_head(ec, n); });
+  }
+
   /// (Re)starts the deadline; when it passes, the connection is closed.
   void arm(std::chrono::steady_clock::duration timeout) {
     deadline_.expires_after(timeout);
     deadline_.async_wait(
-      [self = shared_from_this()](const asio::error_code& ec) {
+      [self = this->shared_from_this()](const asio::error_code& ec) {
         // A re-armed deadline cancels this wait; check the expiry as well in
         // case it passed just before being re-armed.
         if (!ec && self->deadline_.expiry() <= std::chrono::steady_clock::now())
@@ -268,17 +362,18 @@ private:
     const auto early = std::min(buffer_.size(), req.content_length);
     auto rest = asio::buffers_begin(buffer_.data());
     call_.body.assign(rest, rest + static_cast<std::ptrdiff_t>(early));
-    asio::async_read(
-      socket_, asio::dynamic_buffer(call_.body, req.content_length),
-      asio::transfer_exactly(req.content_length - early),
-      [self = shared_from_this()](const asio::error_code& e, std::size_t) {
-        if (self->closed_)
-          return;
-        if (e)
-          self->close();
-        else
-          self->dispatch();
-      });
+    asio::async_read(socket_,
+                     asio::dynamic_buffer(call_.body, req.content_length),
+                     asio::transfer_exactly(req.content_length - early),
+                     [self = this->shared_from_this()](
+                       const asio::error_code& e, std::size_t) {
+                       if (self->closed_)
+                         return;
+                       if (e)
+                         self->close();
+                       else
+                         self->dispatch();
+                     });
   }
 
   /// Runs the route: on this thread, or on the worker for a blocking one
@@ -289,7 +384,7 @@ private:
       return;
     }
     arm(http_server::response_timeout); // the handler may take a while
-    asio::post(server_.worker, [self = shared_from_this()] {
+    asio::post(server_.worker, [self = this->shared_from_this()] {
       if (self->gone_) // closed while queued (its deadline passed): the
         return;        // client was told nothing, so nothing is done
       auto answer =
@@ -304,7 +399,7 @@ private:
 
   std::string peer() const {
     asio::error_code ec;
-    const auto at = socket_.remote_endpoint(ec);
+    const auto at = socket_of(socket_).remote_endpoint(ec);
     return ec ? std::string("?")
               : at.address().to_string() + ":" + std::to_string(at.port());
   }
@@ -314,9 +409,8 @@ private:
     arm(http_server::response_timeout);
     asio::async_write(
       socket_, asio::buffer(response_),
-      [self = shared_from_this()](const asio::error_code& ec, std::size_t) {
-        self->on_written(ec);
-      });
+      [self = this->shared_from_this()](const asio::error_code& ec,
+                                        std::size_t) { self->on_written(ec); });
   }
 
   void on_written(const asio::error_code& ec) {
@@ -326,29 +420,35 @@ private:
       close();
       return;
     }
-    asio::error_code ignored;
-    socket_.shutdown(tcp::socket::shutdown_send, ignored);
     arm(drain_timeout);
-    drain();
+    if constexpr (tls) {
+      // close_notify, then the client's (or the deadline).
+      socket_.async_shutdown([self = this->shared_from_this()](
+                               const asio::error_code&) { self->close(); });
+    } else {
+      asio::error_code ignored;
+      socket_.shutdown(tcp::socket::shutdown_send, ignored);
+      drain();
+    }
   }
 
   void drain() {
-    socket_.async_read_some(
-      asio::buffer(discard_),
-      [self = shared_from_this()](const asio::error_code& ec, std::size_t n) {
-        if (self->closed_)
-          return;
-        self->drained_ += n;
-        if (ec || self->drained_ > max_drain_bytes) {
-          self->close();
-          return;
-        }
-        self->drain();
-      });
+    socket_.async_read_some(asio::buffer(discard_),
+                            [self = this->shared_from_this()](
+                              const asio::error_code& ec, std::size_t n) {
+                              if (self->closed_)
+                                return;
+                              self->drained_ += n;
+                              if (ec || self->drained_ > max_drain_bytes) {
+                                self->close();
+                                return;
+                              }
+                              self->drain();
+                            });
   }
 
   server_core& server_;
-  tcp::socket socket_;
+  Stream socket_;
   asio::steady_timer deadline_;
   asio::streambuf buffer_;
   std::string response_;
@@ -374,9 +474,17 @@ void server_core::accept() {
       });
       return;
     }
-    auto c = std::make_shared<connection>(*this, std::move(socket));
-    connections.insert(c);
-    c->start();
+    if (tls) {
+      auto c = std::make_shared<connection<tls_stream>>(
+        *this, tls_stream(std::move(socket), *tls));
+      connections.insert(c);
+      c->start();
+    } else {
+      auto c =
+        std::make_shared<connection<tcp::socket>>(*this, std::move(socket));
+      connections.insert(c);
+      c->start();
+    }
     // At the cap, new clients wait in the listen backlog until a slot
     // frees (resume_accepting), rather than being reset.
     if (connections.size() < http_server::max_connections)
@@ -413,6 +521,10 @@ std::string endpoint_text(const std::string& address, std::uint16_t port) {
 
 } // namespace
 
+void check_tls(const http_tls& tls) {
+  make_tls_context(tls);
+}
+
 struct http_server::impl {
   server_core core;
   std::thread thread;
@@ -428,9 +540,12 @@ http_server::http_server(const std::string& bind_address, std::uint16_t port,
 }
 
 http_server::http_server(const std::string& bind_address, std::uint16_t port,
-                         std::vector<http_route> routes)
+                         std::vector<http_route> routes,
+                         std::optional<http_tls> tls)
     : impl_(std::make_unique<impl>()) {
   auto& core = impl_->core;
+  if (tls)
+    core.tls = make_tls_context(*tls);
   for (const auto& r : routes)
     H2_ENFORCE(r.handler != nullptr && !r.path.empty() && r.path[0] == '/',
                "an http_route needs a path and a handler");

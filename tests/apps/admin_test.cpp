@@ -108,13 +108,68 @@ std::string raw_request(int port, const std::string& body) {
   return raw_exchange(port, body).body;
 }
 
+/// A CA and, signed by it, a certificate for 127.0.0.1 and a client's,
+/// made by the openssl tool (PEM files in `dir`, named after `name`).
+struct test_pki {
+  std::filesystem::path ca, server, server_key, client, client_key;
+};
+
+test_pki make_pki(const scratch_dir& dir, const std::string& name) {
+  const auto at = [&](const std::string& f) {
+    return dir / (name + "-" + f);
+  };
+  const auto ext =
+    dir.write(name + "-ext.cnf", "subjectAltName=IP:127.0.0.1\n");
+  auto key = [&](const std::string& f) {
+    return "openssl genpkey -algorithm EC -pkeyopt ec_paramgen_curve:P-256 "
+           "-out " +
+           at(f).string();
+  };
+  auto signed_by_ca = [&](const std::string& who, const std::string& cn,
+                          bool san) {
+    return key(who + ".key") + " && openssl req -new -key " +
+           at(who + ".key").string() + " -subj /CN=" + cn + " -out " +
+           at(who + ".csr").string() + " && openssl x509 -req -in " +
+           at(who + ".csr").string() + " -CA " + at("ca.pem").string() +
+           " -CAkey " + at("ca.key").string() +
+           " -CAcreateserial -days 2 -out " + at(who + ".pem").string() +
+           (san ? " -extfile " + ext.string() : std::string()) + " 2>/dev/null";
+  };
+  const std::string script =
+    key("ca.key") + " && openssl req -x509 -new -key " + at("ca.key").string() +
+    " -subj /CN=" + name + "-ca -days 2 -out " + at("ca.pem").string() +
+    " && " + signed_by_ca("server", "127.0.0.1", true) + " && " +
+    signed_by_ca("client", name + "-operator", false);
+  const auto r = run_to_end("/bin/sh", {"-c", script}, dir, 60s);
+  if (r.status.code != 0)
+    throw std::runtime_error("openssl could not make the test CA: " + r.err);
+  return {at("ca.pem"), at("server.pem"), at("server.key"), at("client.pem"),
+          at("client.key")};
+}
+
+/// What `openssl s_client` (TLS `version`) gets back for a POST /admin to
+/// 127.0.0.1:`port` presenting `pki`'s client certificate, the endpoint
+/// checked against `ca`.
+run_result s_client(const scratch_dir& dir, int port, const test_pki& pki,
+                    const std::filesystem::path& ca, const char* version) {
+  const auto request = dir.write(
+    "request.txt", "POST /admin HTTP/1.1\r\nContent-Length: 2\r\n\r\n{}");
+  return run_to_end(
+    "/usr/bin/openssl",
+    {"s_client", "-connect", "127.0.0.1:" + std::to_string(port), version,
+     "-CAfile", ca.string(), "-cert", pki.client.string(), "-key",
+     pki.client_key.string(), "-verify_return_error", "-ign_eof", "-quiet"},
+    dir, 30s, request);
+}
+
 class apps_admin : public ::testing::Test {
 protected:
-  /// h2-admin --address ... --token-file `token` args...
+  /// h2-admin --address ... --token-file `token` [tls_...] args...
   run_result admin(const std::filesystem::path& token,
                    const std::vector<std::string>& args) {
     std::vector<std::string> all = {"--address", endpoint_, "--token-file",
                                     token.string()};
+    all.insert(all.end(), tls_.begin(), tls_.end());
     all.insert(all.end(), args.begin(), args.end());
     return run_to_end(admin_binary, all, calls_, 60s);
   }
@@ -153,6 +208,8 @@ protected:
   scratch_dir dir_;
   scratch_dir calls_;
   std::string endpoint_;
+  /// h2-admin's TLS flags for the endpoint (none: plain HTTP).
+  std::vector<std::string> tls_;
   int launches_ = 0;
 };
 
@@ -436,19 +493,36 @@ TEST_F(apps_admin, hostile_answers_give_an_error_not_a_crash) {
 }
 
 TEST_F(apps_admin, silent_connections_keep_no_one_out) {
+  // Over TLS with client certificates: a silent connection holds a
+  // handshake open, the most a TLS server gives a stranger.
   const auto token = write_token(dir_, "admin.token", "0123456789abcdef-f\n");
-  const auto job = dir_.write("job.toml", admin_job(token, 100000));
-  auto started = start(job, dir_ / "log.jsonl");
+  const auto pki = make_pki(dir_, "flood");
+  const auto job = dir_.write(
+    "job.toml", replaced(admin_job(token, 100000), "[admin]\n",
+                         "[admin]\ncertificate = \"" + pki.server.string() +
+                           "\"\nkey = \"" + pki.server_key.string() +
+                           "\"\nclient_ca = \"" + pki.ca.string() + "\"\n"));
+  tls_ = {"--ca",  pki.ca.string(),        "--cert", pki.client.string(),
+          "--key", pki.client_key.string()};
+  auto started = start(job, dir_ / "log.jsonl", {"--metrics-port", "0"});
   ASSERT_FALSE(endpoint_.empty());
   auto& launch = *started;
   const int port = port_of(endpoint_);
+  std::smatch m;
+  const auto out = launch.out();
+  ASSERT_TRUE(std::regex_search(
+    out, m, std::regex(R"(metrics at http://\S+:(\d+)/metrics)")))
+    << out;
+  const int metrics_port = std::stoi(m[1]);
   ASSERT_TRUE(launch.wait_until([&] { return steps_done(token) >= 1; }, 60s));
   // 40 connections that send nothing, reopened as the server drops them.
   std::atomic<bool> flooding{true};
   std::thread flood([&] {
-    std::vector<int> silent(40, -1);
+    // 40 on the admin endpoint, 40 on /metrics.
+    std::vector<int> silent(80, -1);
     while (flooding.load()) {
-      for (auto& fd : silent) {
+      for (std::size_t i = 0; i < silent.size(); ++i) {
+        auto& fd = silent[i];
         char probe = 0;
         if (fd >= 0 && ::recv(fd, &probe, 1, MSG_DONTWAIT) != 0)
           continue; // still open (EAGAIN)
@@ -457,7 +531,8 @@ TEST_F(apps_admin, silent_connections_keep_no_one_out) {
         fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
         sockaddr_in a{};
         a.sin_family = AF_INET;
-        a.sin_port = htons(static_cast<std::uint16_t>(port));
+        a.sin_port =
+          htons(static_cast<std::uint16_t>(i < 40 ? port : metrics_port));
         a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
         ::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a));
       }
@@ -468,10 +543,12 @@ TEST_F(apps_admin, silent_connections_keep_no_one_out) {
         ::close(fd);
   });
   const int before = status(token)["step"];
-  // A sealed status answers within h2-admin's deadline of 2 s, each time.
+  // A sealed status answers within h2-admin's deadline of 2 s, each time,
+  // and Prometheus still scrapes.
   for (int i = 0; i < 3; ++i) {
     const auto r = admin(token, {"--timeout", "2", "status", "--json"});
     EXPECT_EQ(r.status.code, 0) << r.err;
+    EXPECT_EQ(http_get(metrics_port, "/metrics").rfind("HTTP/1.1 200", 0), 0u);
     std::this_thread::sleep_for(1s);
   }
   EXPECT_TRUE(launch.wait_until(
@@ -479,6 +556,64 @@ TEST_F(apps_admin, silent_connections_keep_no_one_out) {
     << "the job trains on";
   flooding.store(false);
   flood.join();
+  ASSERT_EQ(admin(token, {"stop"}).status.code, 0);
+  EXPECT_EQ(launch.wait(run_timeout).code, 0) << launch.err();
+}
+
+TEST_F(apps_admin, over_tls_only_clients_of_its_ca_are_answered) {
+  const auto token = write_token(dir_, "admin.token", "0123456789abcdef-t\n");
+  const auto ours = make_pki(dir_, "ours"), theirs = make_pki(dir_, "theirs");
+  const auto job = dir_.write(
+    "job.toml", replaced(admin_job(token, 100000), "[admin]\n",
+                         "[admin]\ncertificate = \"" + ours.server.string() +
+                           "\"\nkey = \"" + ours.server_key.string() +
+                           "\"\nclient_ca = \"" + ours.ca.string() + "\"\n"));
+  auto started = start(job, dir_ / "log.jsonl");
+  ASSERT_FALSE(endpoint_.empty());
+  auto& launch = *started;
+  EXPECT_NE(launch.out().find(endpoint_ + " (TLS)"), std::string::npos);
+  const int port = port_of(endpoint_);
+  // openssl s_client with our client certificate gets an HTTP answer (the
+  // empty request is refused by the job, 400); with another CA's, over TLS
+  // 1.2 and 1.3, none.
+  for (const char* version : {"-tls1_2", "-tls1_3"}) {
+    const auto ok = s_client(calls_, port, ours, ours.ca, version);
+    EXPECT_NE(ok.out.find("HTTP/1.1 400"), std::string::npos)
+      << version << ": " << ok.out << ok.err;
+    const auto refused = s_client(calls_, port, theirs, ours.ca, version);
+    EXPECT_EQ(refused.out.find("HTTP/1.1"), std::string::npos)
+      << version << ": " << refused.out;
+    EXPECT_NE(refused.err.find("alert"), std::string::npos)
+      << version << ": " << refused.err;
+  }
+  // h2-admin: with our CA and client certificate it steers the job; without
+  // TLS, without a certificate, with another CA's certificate, or trusting
+  // another CA, it gets nothing (exit 3).
+  tls_ = {"--ca",  ours.ca.string(),        "--cert", ours.client.string(),
+          "--key", ours.client_key.string()};
+  ASSERT_TRUE(launch.wait_until([&] { return steps_done(token) >= 1; }, 60s));
+  const std::vector<std::pair<std::vector<std::string>, std::string>>
+    strangers = {{{}, ""}, // a failed handshake: a reset or an alert
+                 {{"--ca", ours.ca.string()}, "alert"},
+                 {{"--ca", ours.ca.string(), "--cert", theirs.client.string(),
+                   "--key", theirs.client_key.string()},
+                  "alert"},
+                 {{"--ca", theirs.ca.string(), "--cert", ours.client.string(),
+                   "--key", ours.client_key.string()},
+                  "not trusted"}};
+  for (const auto& [flags, says] : strangers) {
+    tls_ = flags;
+    const auto r = admin(token, {"--timeout", "5", "status"});
+    EXPECT_EQ(r.status.code, 3) << r.out << r.err;
+    EXPECT_NE(r.err.find(says), std::string::npos) << r.err;
+  }
+  // A CA file that is not one is bad usage, found before anything is sent.
+  tls_ = {"--ca", token.string()};
+  const auto bad_ca = admin(token, {"status"});
+  EXPECT_EQ(bad_ca.status.code, 2) << bad_ca.err;
+  EXPECT_NE(bad_ca.err.find("--ca"), std::string::npos) << bad_ca.err;
+  tls_ = {"--ca",  ours.ca.string(),        "--cert", ours.client.string(),
+          "--key", ours.client_key.string()};
   ASSERT_EQ(admin(token, {"stop"}).status.code, 0);
   EXPECT_EQ(launch.wait(run_timeout).code, 0) << launch.err();
 }

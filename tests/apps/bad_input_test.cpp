@@ -158,6 +158,20 @@ std::vector<bad_input_case> cases() {
               {"--join-timeout"}),
     bad_flags("replan_without_a_step", {"--replan", "plan.json"},
               {"--replan", "STEP:PLAN.json"}),
+    {"admin_certificate_that_does_not_load",
+     [](const scratch_dir& dir) {
+       auto token = dir.write("admin.token", "0123456789abcdef-x\n");
+       std::filesystem::permissions(token,
+                                    std::filesystem::perms::owner_read |
+                                      std::filesystem::perms::owner_write);
+       auto job = dir.write("job.toml",
+                            small_job + "\n[admin]\nport = 0\ntoken_file = \"" +
+                              token.string() + "\"\ncertificate = \"" +
+                              (dir / "no.pem").string() + "\"\nkey = \"" +
+                              (dir / "no.key").string() + "\"\n");
+       return bad_run{{job.string(), "--admin-port", "0"},
+                      {"admin.certificate", "no.pem"}};
+     }},
     {"replan_onto_other_chips",
      [](const scratch_dir& dir) {
        // The job runs on 0:0, 0:1, 1:0; the re-plan on 0:0 and 1:0.

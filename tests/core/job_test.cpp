@@ -1013,6 +1013,16 @@ const bad_job bad_jobs[] = {
    "\n[admin]\nport = 70000\ntoken_file = \"t\"\n",
    "admin.port",
    {"70000"}},
+  {"admin_certificate_without_key",
+   {},
+   "\n[admin]\nport = 9500\ntoken_file = \"t\"\ncertificate = \"a.pem\"\n",
+   "admin.key",
+   {"both the certificate and its"}},
+  {"admin_client_ca_without_tls",
+   {},
+   "\n[admin]\nport = 9500\ntoken_file = \"t\"\nclient_ca = \"ca.pem\"\n",
+   "admin.client_ca",
+   {"needs TLS"}},
 };
 
 INSTANTIATE_TEST_SUITE_P(core, core_job_rejects, ::testing::ValuesIn(bad_jobs),

@@ -326,6 +326,12 @@ struct admin_config {
   std::string bind = "127.0.0.1";
   int port = 0;           ///< 0: no admin endpoint
   std::string token_file; ///< the admin token (not the job secret)
+  /// TLS for the endpoint (docs/admin.md, "TLS"): PEM files of its
+  /// certificate chain and private key (both or neither), and, to admit
+  /// only clients holding a certificate it signed, a client CA.
+  std::string certificate;
+  std::string key;
+  std::string client_ca;
 };
 
 struct security_config {

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -40,6 +41,20 @@ struct http_route {
   std::function<http_answer(const http_call&)> handler;
   bool blocking = false;
 };
+
+/// TLS for every connection of a server (docs/admin.md, "TLS"): PEM
+/// files. With `client_ca`, a client must present a certificate that CA
+/// signed, or its handshake fails.
+struct http_tls {
+  std::string certificate; ///< the server's certificate chain
+  std::string key;         ///< its private key
+  std::string client_ca;   ///< "" : any client (no client certificate)
+};
+
+/// Loads `tls` as a server would; throws h2::error naming the file that
+/// does not load (a missing file, not PEM, a key that is not the
+/// certificate's).
+void check_tls(const http_tls& tls);
 
 /// Serves its routes; the metrics constructor's are:
 /// - `GET /metrics`: 200, the body from the callback, `Content-Type:
@@ -75,9 +90,13 @@ public:
   http_server(const std::string& bind_address, std::uint16_t port,
               std::function<std::string()> metrics_body);
 
-  /// Serves `routes` (each path and method once) as above.
+  /// Serves `routes` (each path and method once) as above; with `tls`,
+  /// over TLS 1.2 or later only (a client that does not complete the
+  /// handshake within the request deadline is dropped). Throws h2::error
+  /// naming the file when a TLS file does not load.
   http_server(const std::string& bind_address, std::uint16_t port,
-              std::vector<http_route> routes);
+              std::vector<http_route> routes,
+              std::optional<http_tls> tls = std::nullopt);
 
   /// Stops (see stop()). Destroying the server from its own callback is a
   /// bug that terminates the process.
