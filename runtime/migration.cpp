@@ -10,7 +10,6 @@
 #include <ATen/ops/empty.h>
 
 #include <cstring>
-
 #include <set>
 #include <utility>
 
@@ -106,30 +105,29 @@ at::Tensor pack_layer(const model::layer& l) {
 std::unique_ptr<model::layer> unpack_layer(const gpt_config& cfg, int index,
                                            const at::Tensor& received,
                                            c10::Device device) {
-  const auto& packed = received;
   const std::int64_t values = layer_parameters(cfg, index);
   const auto where = "layer " + std::to_string(index);
-  if (!packed.defined() || packed.scalar_type() != at::kFloat ||
-      packed.dim() != 1 ||
-      (packed.numel() != values && packed.numel() != 3 * values))
+  if (!received.defined() || received.scalar_type() != at::kFloat ||
+      received.dim() != 1 ||
+      (received.numel() != values && received.numel() != 3 * values))
     throw checkpoint_error(
       checkpoint_errc::mismatch, "",
       where + ": a moved state of " + std::to_string(values) +
         " fp32 values (or 3 times as many, with the AdamW moments) "
         "expected, got " +
-        (packed.defined() ? std::to_string(packed.numel()) + " of " +
-                              c10::toString(packed.scalar_type())
-                          : std::string("no tensor")));
+        (received.defined() ? std::to_string(received.numel()) + " of " +
+                                c10::toString(received.scalar_type())
+                            : std::string("no tensor")));
   // A buffer of this chip's own: what arrived is the sender's memory (in
   // one process) or a peer's shared memory (shm), charged and written there.
   auto own =
-    at::empty({packed.numel()}, at::TensorOptions(at::kFloat).device(device));
-  own.copy_(packed);
+    at::empty({received.numel()}, at::TensorOptions(at::kFloat).device(device));
+  own.copy_(received);
   auto l = model::make_layer(
     cfg, index, model::initial_weights::over(own.narrow(0, 0, values)), device);
   H2_ENFORCE(l->parameter_count() == values, where, " has ",
              l->parameter_count(), " parameters, its size says ", values);
-  if (packed.numel() == values)
+  if (received.numel() == values)
     return l; // before the first update: the optimizer makes the moments
   std::int64_t at = values;
   auto next = [&](const at::Tensor& like) {
