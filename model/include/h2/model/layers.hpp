@@ -110,9 +110,10 @@ private:
 at::Tensor head_logits(const layer& head, const at::Tensor& input);
 
 /// Builds global layer `index` of `cfg` on `device` with weights drawn
-/// from (seed, index) on the host: the same bits on every device. Host
-/// tensors are allocated on the calling thread (and so are charged to the
-/// chip bound to it).
+/// from (seed, index) on the host: the same bits on every device; or, for
+/// initial_weights::over(), over the given values (which must live on
+/// `device`). Host tensors are allocated on the calling thread (and so are
+/// charged to the chip bound to it).
 std::unique_ptr<layer> make_layer(const gpt_config& cfg, int index,
                                   initial_weights seed,
                                   c10::Device device = c10::kCPU);
