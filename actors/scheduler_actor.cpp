@@ -442,9 +442,9 @@ void replan(self_ptr self, runtime::plan_change change,
   std::vector<scheduler::layer_move> moves;
   std::string indirect;
   try {
-    moves = scheduler::layer_moves(*ctx.job, ctx.the_plan, change.value);
-    indirect =
-      runtime::migration_of(*ctx.job, ctx.the_plan, change.value).indirect;
+    auto m = runtime::migration_of(*ctx.job, ctx.the_plan, change.value);
+    moves = std::move(m.moves);
+    indirect = std::move(m.indirect);
   } catch (...) {
     fail(self, current_exception_error());
     return;

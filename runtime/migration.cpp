@@ -4,7 +4,6 @@
 #include "h2/core/error.hpp"
 #include "h2/runtime/safetensors.hpp" // checkpoint_error
 #include "h2/runtime/stage_worker.hpp"
-#include "h2/scheduler/rebalance.hpp"
 #include "h2/transport/collectives.hpp"
 
 #include <ATen/ops/empty.h>
@@ -45,7 +44,8 @@ migration migration_of(const job_config& job, const plan& from,
                     w.chip->id.to_string() + " would need one to " +
                     peer.to_string() +
                     " (that needs a checkpoint and a restart)");
-  for (const auto& m : scheduler::layer_moves(job, from, to)) {
+  out.moves = scheduler::layer_moves(job, from, to);
+  for (const auto& m : out.moves) {
     for (int l = m.first_layer; l < m.end_layer; ++l) {
       out.chips[m.from].sends.push_back({l, m.to});
       out.chips[m.to].receives.push_back({l, m.from});

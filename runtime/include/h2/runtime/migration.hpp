@@ -8,6 +8,7 @@
 #include "h2/core/job.hpp"
 #include "h2/core/plan.hpp"
 #include "h2/model/layers.hpp"
+#include "h2/scheduler/rebalance.hpp"
 
 #include <ATen/core/Tensor.h>
 
@@ -34,6 +35,9 @@ struct chip_migration {
 struct migration {
   /// Every chip of the plans, those that keep all their layers too.
   std::map<chip_id, chip_migration> chips;
+  /// The same moves by range, with their bytes and link time
+  /// (scheduler::layer_moves).
+  std::vector<scheduler::layer_move> moves;
   /// Why the layers cannot go straight from their old owner to their new
   /// one, and so go through the scheduler: "" when they can.
   std::string indirect;
