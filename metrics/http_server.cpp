@@ -164,20 +164,6 @@ public:
   virtual void close_socket() = 0;
 };
 
-/// The TCP socket under a connection's stream.
-tcp::socket& socket_of(tcp::socket& s) {
-  return s;
-}
-tcp::socket& socket_of(tls_stream& s) {
-  return s.next_layer();
-}
-const tcp::socket& socket_of(const tcp::socket& s) {
-  return s;
-}
-const tcp::socket& socket_of(const tls_stream& s) {
-  return s.next_layer();
-}
-
 /// The server's TLS context from `tls`; throws h2::error naming the file
 /// that does not load.
 std::unique_ptr<asio::ssl::context> make_tls_context(const http_tls& tls) {
@@ -299,7 +285,7 @@ public:
     closed_ = true;
     gone_ = true;
     asio::error_code ignored;
-    socket_of(socket_).close(ignored);
+    socket_.lowest_layer().close(ignored);
     deadline_.cancel();
   }
 
@@ -399,7 +385,7 @@ private:
 
   std::string peer() const {
     asio::error_code ec;
-    const auto at = socket_of(socket_).remote_endpoint(ec);
+    const auto at = socket_.lowest_layer().remote_endpoint(ec);
     return ec ? std::string("?")
               : at.address().to_string() + ":" + std::to_string(at.port());
   }
@@ -474,17 +460,16 @@ void server_core::accept() {
       });
       return;
     }
-    if (tls) {
-      auto c = std::make_shared<connection<tls_stream>>(
-        *this, tls_stream(std::move(socket), *tls));
+    auto serve = [this](auto stream) {
+      auto c = std::make_shared<connection<decltype(stream)>>(
+        *this, std::move(stream));
       connections.insert(c);
       c->start();
-    } else {
-      auto c =
-        std::make_shared<connection<tcp::socket>>(*this, std::move(socket));
-      connections.insert(c);
-      c->start();
-    }
+    };
+    if (tls)
+      serve(tls_stream(std::move(socket), *tls));
+    else
+      serve(std::move(socket));
     // At the cap, new clients wait in the listen backlog until a slot
     // frees (resume_accepting), rather than being reset.
     if (connections.size() < http_server::max_connections)
