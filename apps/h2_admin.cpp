@@ -154,13 +154,46 @@ int connect_to(const std::string& address, std::string& host,
   return fd;
 }
 
+/// Sends all of `out` over the plain socket `fd`, by `until`.
+void send_plain(int fd, const std::string& out, const std::string& address,
+                clock::time_point until) {
+  std::size_t sent = 0;
+  while (sent < out.size()) {
+    pollfd p{fd, POLLOUT, 0};
+    if (::poll(&p, 1, millis_left(until)) != 1)
+      throw unreachable("timed out sending to " + address);
+    ssize_t n = ::send(fd, out.data() + sent, out.size() - sent, MSG_NOSIGNAL);
+    if (n < 0 && (errno == EAGAIN || errno == EINTR))
+      continue;
+    if (n <= 0)
+      throw unreachable("the endpoint at " + address +
+                        " closed the connection");
+    sent += static_cast<std::size_t>(n);
+  }
+}
+
+/// Reads what has come over the plain socket `fd`, up to `n` bytes, by
+/// `by.until`; 0 once the endpoint closed it.
+std::size_t recv_plain(int fd, char* buf, std::size_t n,
+                       const std::string& address, const deadline& by) {
+  for (;;) {
+    pollfd p{fd, POLLIN, 0};
+    if (::poll(&p, 1, millis_left(by.until)) != 1)
+      throw unreachable("no answer from " + address + " within " +
+                        std::to_string(by.timeout.count()) + " s");
+    const ssize_t got = ::recv(fd, buf, n, 0);
+    if (got < 0 && (errno == EAGAIN || errno == EINTR))
+      continue;
+    return got > 0 ? static_cast<std::size_t>(got) : 0;
+  }
+}
+
 /// POSTs `body` to HOST:PORT/admin and returns the answer's body, by
 /// `by.until`.
 std::string exchange(const endpoint& at, const std::string& body,
                      const deadline& by) {
   const auto& address = at.address;
   const auto until = by.until;
-  const auto timeout = by.timeout;
   std::string host;
   const int fd = connect_to(address, host, until);
   const std::string out = "POST /admin HTTP/1.1\r\nHost: " + address +
@@ -168,61 +201,32 @@ std::string exchange(const endpoint& at, const std::string& body,
                           "Content-Length: " +
                           std::to_string(body.size()) +
                           "\r\nConnection: close\r\n\r\n" + body;
-  std::size_t sent = 0;
   std::string answer;
   char buf[4096];
   try {
     std::unique_ptr<apps::tls_client> tls;
     if (at.context) {
-      try {
-        tls = std::make_unique<apps::tls_client>(fd, host, *at.context, until);
-        tls->write_all(out, until);
-        sent = out.size();
-      } catch (const error& e) {
-        throw unreachable(e.what());
-      }
-    }
-    while (sent < out.size()) {
-      pollfd p{fd, POLLOUT, 0};
-      if (::poll(&p, 1, millis_left(until)) != 1)
-        throw unreachable("timed out sending to " + address);
-      ssize_t n =
-        ::send(fd, out.data() + sent, out.size() - sent, MSG_NOSIGNAL);
-      if (n < 0 && (errno == EAGAIN || errno == EINTR))
-        continue;
-      if (n <= 0)
-        throw unreachable("the endpoint at " + address +
-                          " closed the connection");
-      sent += static_cast<std::size_t>(n);
+      tls = std::make_unique<apps::tls_client>(fd, host, *at.context, until);
+      tls->write_all(out, until);
+    } else {
+      send_plain(fd, out, address, until);
     }
     // The server closes the connection after its answer.
-    for (;;) {
-      ssize_t n = 0;
-      if (tls) {
-        try {
-          n = static_cast<ssize_t>(tls->read_some(buf, sizeof(buf), until));
-        } catch (const error& e) {
-          throw unreachable(e.what());
-        }
-        if (n == 0)
-          break;
-      } else {
-        pollfd p{fd, POLLIN, 0};
-        if (::poll(&p, 1, millis_left(until)) != 1)
-          throw unreachable("no answer from " + address + " within " +
-                            std::to_string(timeout.count()) + " s");
-        n = ::recv(fd, buf, sizeof(buf), 0);
-      }
-      if (n < 0 && (errno == EAGAIN || errno == EINTR))
-        continue;
-      if (n <= 0)
-        break;
-      answer.append(buf, static_cast<std::size_t>(n));
+    while (const std::size_t n =
+             tls ? tls->read_some(buf, sizeof(buf), until)
+                 : recv_plain(fd, buf, sizeof(buf), address, by)) {
+      answer.append(buf, n);
       if (answer.size() > max_answer_bytes)
         throw unreachable("the endpoint at " + address +
                           " sent an answer larger than " +
                           std::to_string(max_answer_bytes >> 20) + " MiB");
     }
+  } catch (const unreachable&) {
+    ::close(fd);
+    throw;
+  } catch (const error& e) { // TLS: the endpoint's failure too
+    ::close(fd);
+    throw unreachable(e.what());
   } catch (...) {
     ::close(fd);
     throw;
