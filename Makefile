@@ -22,7 +22,8 @@ generator_of = $(if $(wildcard $(1)/CMakeCache.txt),,-G "$(GENERATOR)")
 # Everything the build, the tests and the demo need, from Debian 12
 # (python3-torch, python3-numpy and python3-sentencepiece: tests/python,
 # docs/export.md; sentencepiece's spm_encode: bench_tokenize; fortunes: the
-# text corpus of examples/text.toml).
+# text corpus of examples/text.toml; chromium and chromium-driver: the live
+# page's browser test, tests/apps/test_live_page.py).
 DEB_PACKAGES := \
   cmake g++ make ninja-build pkg-config \
   libcaf-dev libtorch-dev libopenblas0-openmp \
@@ -31,7 +32,7 @@ DEB_PACKAGES := \
   python3-torch python3-numpy \
   libsentencepiece-dev sentencepiece python3-sentencepiece fortunes \
   libibverbs-dev librdmacm-dev libamdhip64-dev \
-  prometheus iproute2 procps openssl \
+  prometheus iproute2 procps openssl chromium chromium-driver \
   clang-14 libclang-rt-14-dev
 
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)

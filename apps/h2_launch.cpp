@@ -3,6 +3,7 @@
 // talking over shm/tcp. Progress, metrics, JSON log, trace. docs/cli.md.
 #include "h2/actors/errors.hpp"
 #include "h2/actors/local_job.hpp"
+#include "h2/apps/endpoints.hpp"
 #include "h2/apps/exit_codes.hpp"
 #include "h2/apps/launcher.hpp"
 #include "h2/apps/opcheck.hpp"
@@ -33,8 +34,8 @@ int run_in_process(const std::string& job_path, const apps::run_flags& f) {
   auto resume =
     apps::resume_from(f, *job, chosen.value, apps::job_text(job_path));
   actors::local_job local(job, chosen.value);
-  apps::metrics_service metrics(*job, f, 0, "h2");
-  apps::admin_service admin(*job, f, "h2");
+  runtime::run_view view(*job, job->train.steps);
+  apps::run_endpoints endpoints(*job, f, {.page = &view}, "h2");
 
   apps::reporter_options ro;
   ro.total_steps = job->train.steps;
@@ -42,7 +43,8 @@ int run_in_process(const std::string& job_path, const apps::run_flags& f) {
   ro.json_log = f.json_log;
   ro.trace = f.trace;
   ro.predicted_step_seconds = chosen.predicted_step_seconds;
-  apps::reporter reporter(*job, ro, metrics.registry());
+  apps::reporter reporter(*job, ro, endpoints.registry());
+  runtime::observer_fanout observers({&reporter, &view});
 
   actors::run_options run;
   run.steps = f.stop_after > 0 ? std::min(f.stop_after, job->train.steps)
@@ -51,12 +53,12 @@ int run_in_process(const std::string& job_path, const apps::run_flags& f) {
   run.resume = std::move(resume);
   run.job_text = apps::job_text(job_path);
   run.replans = apps::replans_from(f, *job);
-  run.admin = admin.inbox();
+  run.admin = endpoints.inbox();
   setting_up.reset();
   const auto abort_local = signals.aborting([&local] { local.abort(); });
   runtime::run_summary summary;
   try {
-    summary = local.run(run, reporter, signals.stop_flag());
+    summary = local.run(run, observers, signals.stop_flag());
   } catch (const actors::run_error& e) {
     // The abort closes every channel: chips see their own end closed
     // (cancelled) or their neighbour's (peer_lost, which root_cause ranks
@@ -72,6 +74,7 @@ int run_in_process(const std::string& job_path, const apps::run_flags& f) {
     throw;
   }
   reporter.finish(summary);
+  view.finish(summary);
   if (!f.export_path.empty()) {
     apps::write_safetensors(f.export_path, local.parameters(), job->name);
     std::cout << "h2: parameters written to " << f.export_path << std::endl;

@@ -3,6 +3,7 @@
 // coordinator. docs/cli.md.
 #include "h2/actors/cluster.hpp"
 #include "h2/actors/errors.hpp"
+#include "h2/apps/endpoints.hpp"
 #include "h2/apps/exit_codes.hpp"
 #include "h2/apps/node_report.hpp"
 #include "h2/apps/opcheck.hpp"
@@ -224,6 +225,28 @@ apps::reporter_options reporter_options_of(const node_flags& nf,
   return ro;
 }
 
+/// This node's chips, before it joins ([ditorch] check). On a failure the
+/// coordinator's node exits (the exit code returned); another node joins
+/// only to tell the coordinator, which ends the job naming it.
+int check_chips(const node_flags& nf, const job_config& job,
+                const node_spec& this_node, int lead, actors::node_options& o) {
+  std::vector<const chip_spec*> mine;
+  for (const auto& c : this_node.chips)
+    mine.push_back(&c);
+  apps::print_cpu_bf16("h2-node", mine, std::cout);
+  if (!job.ditorch.check)
+    return apps::exit_ok;
+  auto options = apps::opcheck_options_of(job);
+  options.fault = nf.test_fault;
+  const int rc =
+    apps::check_chip_operators("h2-node", job, mine, options, std::cout);
+  if (rc != apps::exit_ok && nf.rank == lead)
+    return rc;
+  if (rc != apps::exit_ok)
+    o.withdraw = "its chips failed the operator check ([ditorch] check)";
+  return apps::exit_ok;
+}
+
 int run_node(node_flags& nf) {
   // What h2-launch --nodes learns of this node, on a channel of its own.
   apps::node_report report(nf.report_fd);
@@ -248,42 +271,30 @@ int run_node(node_flags& nf) {
     std::cout << "h2-node: coordinator at " << host << ":" << p << std::endl;
     report.listening("coordinator", host, p);
   };
-  std::vector<const chip_spec*> mine;
-  for (const auto& c : this_node.chips)
-    mine.push_back(&c);
-  apps::print_cpu_bf16("h2-node", mine, std::cout);
-  if (job->ditorch.check) {
-    // This node's chips, before it joins. On a failure the coordinator's
-    // node exits here; another node joins only to tell the coordinator,
-    // which ends the job naming it.
-    auto options = apps::opcheck_options_of(*job);
-    options.fault = nf.test_fault;
-    if (int rc =
-          apps::check_chip_operators("h2-node", *job, mine, options, std::cout);
-        rc != apps::exit_ok) {
-      if (nf.rank == lead)
-        return rc;
-      o.withdraw = "its chips failed the operator check ([ditorch] check)";
-    }
-  }
+  if (int rc = check_chips(nf, *job, this_node, lead, o); rc != apps::exit_ok)
+    return rc;
   std::optional<double> predicted;
   if (nf.rank == lead)
     predicted = plan_as_lead(nf, *job, o);
 
-  apps::metrics_service metrics(*job, nf.run, nf.rank, "h2-node");
-  if (metrics.port() != 0)
-    report.listening("metrics", job->metrics.bind, metrics.port());
-  // The coordinator's node serves the admin endpoint.
-  std::optional<apps::admin_service> admin;
-  if (nf.rank == lead) {
-    admin.emplace(*job, nf.run, "h2-node");
-    if (admin->port() != 0)
-      report.listening("admin", job->admin.bind, admin->port());
-    o.run.admin = admin->inbox();
-  }
+  // The coordinator's node serves the admin endpoint and the live page.
+  runtime::run_view view(*job, job->train.steps);
+  apps::run_endpoints endpoints(*job, nf.run,
+                                {.port_offset = nf.rank,
+                                 .admin = nf.rank == lead,
+                                 .page = nf.rank == lead ? &view : nullptr},
+                                "h2-node");
+  if (endpoints.metrics_port() != 0)
+    report.listening("metrics", job->metrics.bind, endpoints.metrics_port());
+  if (endpoints.admin_port() != 0)
+    report.listening("admin", job->admin.bind, endpoints.admin_port());
+  o.run.admin = endpoints.inbox();
   const auto ro = reporter_options_of(nf, *job, lead, predicted);
-  apps::reporter reporter(*job, ro, metrics.registry());
-  o.observer = &reporter;
+  apps::reporter reporter(*job, ro, endpoints.registry());
+  runtime::observer_fanout observers(
+    nf.rank == lead ? std::vector<runtime::training_observer*>{&reporter, &view}
+                    : std::vector<runtime::training_observer*>{&reporter});
+  o.observer = &observers;
 
   // A second signal aborts the node while it lives (the watcher may fire
   // before it exists, and outlives it).
@@ -310,6 +321,7 @@ int run_node(node_flags& nf) {
   }
   if (nf.rank == lead) {
     reporter.finish(outcome.summary);
+    view.finish(outcome.summary);
     if (!nf.run.export_path.empty()) {
       apps::write_safetensors(nf.run.export_path, outcome.parameters,
                               job->name);

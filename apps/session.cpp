@@ -222,60 +222,6 @@ chosen_plan choose_plan(const run_flags& flags, const job_config& job) {
   return {std::move(r.value), r.report.step_seconds};
 }
 
-metrics_service::metrics_service(const job_config& job, const run_flags& flags,
-                                 int port_offset, const std::string& program) {
-  int port = flags.metrics_port >= 0 ? flags.metrics_port : job.metrics.port;
-  bool serve = !flags.no_metrics && (flags.metrics_port >= 0 || port > 0);
-  if (!serve)
-    return;
-  if (port > 0)
-    port += port_offset;
-  try {
-    server_ = std::make_unique<metrics::http_server>(
-      job.metrics.bind, static_cast<std::uint16_t>(port),
-      [this] { return registry_.expose(); });
-  } catch (const h2::error& e) {
-    throw config_error("metrics.port",
-                       std::string(e.what()) +
-                         " (choose another with --metrics-port, or "
-                         "--no-metrics)");
-  }
-  std::cout << program << ": metrics at http://" << job.metrics.bind << ":"
-            << server_->port() << "/metrics" << std::endl;
-}
-
-admin_service::admin_service(const job_config& job, const run_flags& flags,
-                             const std::string& program) {
-  const int port = flags.admin_port >= 0 ? flags.admin_port : job.admin.port;
-  if (flags.admin_port < 0 && port == 0)
-    return;
-  if (job.admin.token_file.empty())
-    throw config_error("admin.token_file",
-                       "missing: the admin endpoint needs a token file "
-                       "(docs/admin.md)");
-  auto token = runtime::load_admin_token(job.admin.token_file);
-  if (!job.admin.certificate.empty()) {
-    try {
-      metrics::check_tls(
-        {job.admin.certificate, job.admin.key, job.admin.client_ca});
-    } catch (const h2::error& e) {
-      throw config_error("admin.certificate", e.what());
-    }
-  }
-  admin_config where = job.admin;
-  where.port = port;
-  inbox_ = std::make_shared<runtime::admin_inbox>();
-  try {
-    server_ = std::make_unique<admin_server>(where, std::move(token), inbox_);
-  } catch (const h2::error& e) {
-    throw config_error("admin.port", std::string(e.what()) +
-                                       " (choose another with --admin-port)");
-  }
-  std::cout << program << ": admin endpoint at " << job.admin.bind << ":"
-            << server_->port()
-            << (job.admin.certificate.empty() ? "" : " (TLS)") << std::endl;
-}
-
 void write_safetensors(const std::string& path,
                        const std::vector<runtime::parameter_values>& params,
                        const std::string& job_name) {

@@ -1,13 +1,13 @@
 // H2's HTTP server (metrics/http_server.hpp) against a minimal Asio server
 // in the same run: requests per second for GET /metrics (a registry of 64
 // labelled series) and for a sealed admin `status` (POST /admin through
-// apps::admin_server, answered by a thread standing in for the scheduler),
+// apps::admin_api, answered by a thread standing in for the scheduler),
 // each over a new connection per request, as Prometheus and h2-admin make
 // them. The baseline accepts, reads the head and writes a fixed answer,
 // one connection at a time on one thread: what any HTTP server must do.
 #include "bench_common.hpp"
 
-#include "h2/apps/admin_server.hpp"
+#include "h2/apps/admin_api.hpp"
 #include "h2/metrics/http_server.hpp"
 #include "h2/metrics/registry.hpp"
 #include "h2/runtime/admin.hpp"
@@ -125,11 +125,9 @@ int main(int argc, char** argv) {
         c.reply->set_value({true, "{\"step\":1}"});
   });
   const std::string secret = "bench-admin-token-0123456789";
-  admin_config where;
-  where.port = 0;
-  apps::admin_server admin(
-    where, std::make_shared<const transport::job_secret>(secret), inbox,
-    std::fopen("/dev/null", "w"));
+  apps::admin_api api(std::make_shared<const transport::job_secret>(secret),
+                      inbox, std::fopen("/dev/null", "w"));
+  metrics::http_server admin("127.0.0.1", 0, {api.route()});
   const auto session_answer = one_request(
     admin.port(), "POST /admin HTTP/1.1\r\nContent-Length: " +
                     std::to_string(runtime::admin_session_query.size()) +

@@ -552,6 +552,19 @@ void read_admin(table_reader& root, job_config& job) {
   if (!a.client_ca.empty() && a.certificate.empty())
     throw config_error(t->path("client_ca"),
                        "a client CA needs TLS: set certificate and key too");
+  a.page = t->optional<std::string>("page", a.page);
+  if (a.page != "open" && a.page != "token" && a.page != "off")
+    throw config_error(t->path("page"), "expected \"open\", \"token\" or "
+                                        "\"off\", got \"" +
+                                          a.page + "\"");
+  // The browser sends the token itself: over TLS, or only on this host.
+  const bool loopback =
+    a.bind == "localhost" || a.bind == "::1" || a.bind.rfind("127.", 0) == 0;
+  if (a.page == "token" && a.certificate.empty() && !loopback)
+    throw config_error(t->path("page"),
+                       "\"token\" on " + a.bind +
+                         " would send the admin token in clear text: set "
+                         "certificate and key, or bind to 127.0.0.1");
   t->finish();
 }
 

@@ -31,10 +31,12 @@ std::string_view trimmed(std::string_view s) {
   return s;
 }
 
-/// The body's length from the header lines after the request line; false
-/// for a chunked body or a length that is not one decimal number.
-bool read_body_length(std::string_view headers, std::size_t& length) {
+/// The body's length and the Authorization header from the header lines
+/// after the request line; false for a chunked body, a length that is not
+/// one decimal number, or two Authorization headers.
+bool read_headers(std::string_view headers, http_request& r) {
   std::optional<std::size_t> found;
+  bool authorized = false;
   while (!headers.empty()) {
     const auto nl = headers.find('\n');
     const auto line = headers.substr(0, nl);
@@ -46,6 +48,13 @@ bool read_body_length(std::string_view headers, std::size_t& length) {
     const auto value = trimmed(line.substr(colon + 1));
     if (equal_ignoring_case(name, "transfer-encoding"))
       return false; // only Content-Length bodies are read
+    if (equal_ignoring_case(name, "authorization")) {
+      if (authorized)
+        return false;
+      authorized = true;
+      r.authorization = value;
+      continue;
+    }
     if (!equal_ignoring_case(name, "content-length"))
       continue;
     if (value.empty() || value.size() > 18 ||
@@ -59,7 +68,7 @@ bool read_body_length(std::string_view headers, std::size_t& length) {
       return false;
     found = n;
   }
-  length = found.value_or(0);
+  r.content_length = found.value_or(0);
   return true;
 }
 
@@ -103,9 +112,9 @@ http_request parse_http_request(std::string_view head) {
     r.error_status = 400;
     return r;
   }
-  if (!read_body_length(line_end == head.npos ? std::string_view()
-                                              : head.substr(line_end + 1),
-                        r.content_length)) {
+  if (!read_headers(line_end == head.npos ? std::string_view()
+                                          : head.substr(line_end + 1),
+                    r)) {
     r.error_status = 400;
     return r;
   }

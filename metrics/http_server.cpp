@@ -112,10 +112,16 @@ find_route(const http_request& req, const std::vector<http_route>& routes) {
   return error_response(405, allow);
 }
 
-/// What `route` answers `call`; a handler that throws is a 500.
+/// What `route` answers `call`; a handler that throws, or answers a header
+/// that would split the response, is a 500.
 response answer_of(const http_route& route, const http_call& call) {
   try {
-    return {route.handler(call), ""};
+    auto answer = route.handler(call);
+    for (const auto& [name, value] : answer.headers)
+      H2_ENFORCE(name.find_first_of("\r\n:") == name.npos &&
+                   value.find_first_of("\r\n") == value.npos,
+                 "a response header with a line break: ", name);
+    return {std::move(answer), ""};
   } catch (const std::exception& e) {
     std::fprintf(stderr, "h2 http server: %s %s failed: %s\n",
                  call.method.c_str(), call.path.c_str(), e.what());
@@ -128,17 +134,27 @@ response answer_of(const http_route& route, const http_call& call) {
 
 /// The routes of a metrics server: the exposition and an index page.
 std::vector<http_route> metrics_routes(std::function<std::string()> body) {
-  H2_ENFORCE(body != nullptr, "http_server needs a body callback");
-  http_route metrics{"/metrics", "GET", nullptr};
-  metrics.handler = [body = std::move(body)](const http_call&) {
-    return http_answer{200, std::string(exposition_content_type), body()};
-  };
-  http_route index{"/", "GET", [](const http_call&) {
-                     return http_answer{200, "text/html; charset=utf-8",
-                                        std::string(index_html)};
-                   }};
-  return {std::move(metrics), std::move(index)};
+  return {prometheus_route(std::move(body)), index_route()};
 }
+
+} // namespace
+
+http_route prometheus_route(std::function<std::string()> body) {
+  H2_ENFORCE(body != nullptr, "http_server needs a body callback");
+  return {
+    "/metrics", "GET", [body = std::move(body)](const http_call&) {
+      return http_answer{200, std::string(exposition_content_type), body()};
+    }};
+}
+
+http_route index_route() {
+  return {"/", "GET", [](const http_call&) {
+            return http_answer{200, "text/html; charset=utf-8",
+                               std::string(index_html)};
+          }};
+}
+
+namespace {
 
 std::string serialize(const response& r, bool head_only) {
   const auto& a = r.answer;
@@ -148,6 +164,8 @@ std::string serialize(const response& r, bool head_only) {
   out += a.content_type;
   out += "\r\nContent-Length: " + std::to_string(a.body.size());
   out += "\r\nConnection: close\r\n";
+  for (const auto& [name, value] : a.headers) // checked by answer_of
+    out += name + ": " + value + "\r\n";
   if (!r.allow.empty())
     out += "Allow: " + r.allow + "\r\n";
   out += "\r\n";
@@ -338,6 +356,7 @@ private:
     call_.method = req.method == "HEAD" ? "GET" : req.method;
     call_.path = req.path;
     call_.peer = peer();
+    call_.authorization = req.authorization;
     if (route_->method != "POST" || req.content_length == 0) {
       dispatch(); // only POST routes take a body; others leave it unread
       return;

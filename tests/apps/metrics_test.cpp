@@ -85,6 +85,22 @@ TEST_F(apps_metrics, endpoint_serves_valid_prometheus_text) {
   EXPECT_EQ(body.find("chip=\"1:1\""), std::string::npos)
     << "1:1 holds no stage";
 
+  // The live page is open by default ([admin] page = "open"): its data
+  // without a token, the page with a policy that admits only this server.
+  std::string state;
+  ASSERT_NO_THROW(state = http_get(port, "/api/state"));
+  EXPECT_EQ(state.rfind("HTTP/1.1 200", 0), 0u) << state;
+  for (const char* chip : {"\"chip\":\"0:0\"", "\"chip\":\"0:1\"",
+                           "\"chip\":\"1:0\"", "\"status\":\"training\""})
+    EXPECT_NE(state.find(chip), std::string::npos) << chip << " in " << state;
+  std::string page;
+  ASSERT_NO_THROW(page = http_get(port, "/"));
+  EXPECT_NE(page.find("Content-Security-Policy: default-src 'none'; "
+                      "script-src 'self'"),
+            std::string::npos)
+    << page;
+  EXPECT_NE(page.find("<script src=\"/page.js\""), std::string::npos) << page;
+
   // A clean stop on SIGTERM.
   child.send(SIGTERM);
   auto status = child.wait(run_timeout);

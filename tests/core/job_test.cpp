@@ -435,6 +435,7 @@ factor = 2.5
 [admin]
 port = 9500
 token_file = "admin.token"
+page = "token"
 )",
                        "t");
   EXPECT_EQ(job.emulation.noise, 0.1);
@@ -451,6 +452,8 @@ token_file = "admin.token"
   EXPECT_EQ(job.drills[1].factor, 1);
   EXPECT_EQ(job.admin.port, 9500);
   EXPECT_EQ(job.admin.token_file, "admin.token");
+  EXPECT_EQ(job.admin.page, "token"); // on 127.0.0.1: allowed without TLS
+  EXPECT_EQ(plain.admin.page, "open");
 }
 
 TEST(core_job, custom_profile_is_used_by_a_chip) {
@@ -1023,6 +1026,17 @@ const bad_job bad_jobs[] = {
    "\n[admin]\nport = 9500\ntoken_file = \"t\"\nclient_ca = \"ca.pem\"\n",
    "admin.client_ca",
    {"needs TLS"}},
+  {"admin_page_unknown",
+   {},
+   "\n[admin]\nport = 9500\ntoken_file = \"t\"\npage = \"public\"\n",
+   "admin.page",
+   {"\"open\", \"token\" or \"off\"", "public"}},
+  {"admin_page_token_in_clear_text",
+   {},
+   "\n[admin]\nbind = \"0.0.0.0\"\nport = 9500\ntoken_file = \"t\"\n"
+   "page = \"token\"\n",
+   "admin.page",
+   {"clear text", "certificate and key"}},
 };
 
 INSTANTIATE_TEST_SUITE_P(core, core_job_rejects, ::testing::ValuesIn(bad_jobs),

@@ -395,8 +395,20 @@ protected:
     http_route metrics{"/metrics", "GET", [](const http_call&) {
                          return http_answer{200, "text/plain", "m 1\n"};
                        }};
+    // Answers the Authorization header it got, with a header of its own;
+    // /split answers one that would split the response.
+    http_route who{"/who", "GET", [](const http_call& c) {
+                     http_answer a{200, "text/plain", c.authorization};
+                     a.headers = {{"X-Who", "h2"}};
+                     return a;
+                   }};
+    http_route split{"/split", "GET", [](const http_call&) {
+                       http_answer a{200, "text/plain", "x"};
+                       a.headers = {{"X-Bad", "a\r\nSet-Cookie: b"}};
+                       return a;
+                     }};
     server_ = std::make_unique<http_server>(
-      "127.0.0.1", 0, std::vector<http_route>{echo, wait, metrics});
+      "127.0.0.1", 0, std::vector<http_route>{echo, wait, metrics, who, split});
   }
   void TearDown() override {
     {
@@ -423,6 +435,25 @@ TEST_F(metrics_http_routes_test, a_post_body_reaches_its_route_whole) {
   EXPECT_EQ(wrong.status, 405);
   EXPECT_EQ(wrong.headers["allow"], "POST");
   EXPECT_EQ(get(server_->port(), "/nothing").status, 404);
+}
+
+TEST_F(metrics_http_routes_test, routes_see_authorization_and_add_headers) {
+  auto r = send_request(server_->port(), "GET /who HTTP/1.1\r\nauthorization:"
+                                         " Bearer abc \r\n\r\n");
+  EXPECT_EQ(r.status, 200) << r.raw;
+  EXPECT_EQ(r.body, "Bearer abc");
+  EXPECT_EQ(r.headers["x-who"], "h2");
+  EXPECT_EQ(get(server_->port(), "/who").body, "");
+  // Two Authorization headers are ambiguous: 400.
+  EXPECT_EQ(send_request(server_->port(),
+                         "GET /who HTTP/1.1\r\nAuthorization: a\r\n"
+                         "Authorization: b\r\n\r\n")
+              .status,
+            400);
+  // A header with a line break never reaches the wire: 500.
+  auto split = get(server_->port(), "/split");
+  EXPECT_EQ(split.status, 500) << split.raw;
+  EXPECT_EQ(split.raw.find("Set-Cookie"), std::string::npos) << split.raw;
 }
 
 TEST_F(metrics_http_routes_test, a_body_over_the_limit_is_413_unread) {

@@ -1,14 +1,11 @@
 // What h2-launch and h2-node share around a training run: the common flags,
-// loading the job and the plan, the metrics endpoint, exporting the model.
+// loading the job and the plan, exporting the model (apps/endpoints.hpp:
+// what a run serves over HTTP).
 #pragma once
 
-#include "h2/apps/admin_server.hpp"
 #include "h2/apps/run_flags.hpp"
 #include "h2/core/job.hpp"
 #include "h2/core/plan.hpp"
-#include "h2/metrics/http_server.hpp"
-#include "h2/metrics/registry.hpp"
-#include "h2/runtime/admin.hpp"
 #include "h2/runtime/checkpoint_files.hpp"
 #include "h2/runtime/reports.hpp"
 
@@ -79,48 +76,6 @@ struct chosen_plan {
 /// prediction and why the plan won. Throws config_error (an infeasible job
 /// names what does not fit where and one change that does).
 chosen_plan choose_plan(const run_flags& flags, const job_config& job);
-
-/// The Prometheus endpoint of a run, when the flags or the job ask for one:
-/// on metrics.port (or --metrics-port) + `port_offset` (0 stays 0: any free
-/// port). Prints where it serves.
-class metrics_service {
-public:
-  /// Throws config_error when the port is taken.
-  metrics_service(const job_config& job, const run_flags& flags,
-                  int port_offset, const std::string& program);
-
-  /// The registry to fill, or nullptr when no metrics are served.
-  metrics::registry* registry() noexcept {
-    return server_ ? &registry_ : nullptr;
-  }
-
-  /// The port it serves on; 0 when it serves none.
-  int port() const noexcept { return server_ ? server_->port() : 0; }
-
-private:
-  metrics::registry registry_;
-  std::unique_ptr<metrics::http_server> server_;
-};
-
-/// The admin endpoint of a run (docs/admin.md), when the job's [admin] or
-/// --admin-port asks for one (0: any free port), with the token of
-/// admin.token_file. Prints where it serves.
-class admin_service {
-public:
-  /// Throws config_error for an unusable token file or a taken port.
-  admin_service(const job_config& job, const run_flags& flags,
-                const std::string& program);
-
-  /// Where the run takes admin commands from; null when none is served.
-  std::shared_ptr<runtime::admin_inbox> inbox() const { return inbox_; }
-
-  /// The port it serves on; 0 when it serves none.
-  int port() const noexcept { return server_ ? server_->port() : 0; }
-
-private:
-  std::shared_ptr<runtime::admin_inbox> inbox_;
-  std::unique_ptr<admin_server> server_;
-};
 
 /// Writes parameters as a safetensors file (runtime::write_safetensors: a
 /// JSON header of names, dtypes, shapes and offsets, then the raw

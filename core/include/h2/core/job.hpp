@@ -332,6 +332,10 @@ struct admin_config {
   std::string certificate;
   std::string key;
   std::string client_ca;
+  /// The live page (docs/admin.md, "Live page"): "open" (read-only for
+  /// anyone who reaches the run's HTTP ports), "token" (only on the admin
+  /// endpoint, for a browser that gives the admin token) or "off".
+  std::string page = "open";
 };
 
 struct security_config {

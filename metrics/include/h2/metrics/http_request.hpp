@@ -20,6 +20,8 @@ struct http_request {
   /// Content-Length (0 without one); a body sent chunked, or a length that
   /// is not one decimal number (or several that differ), is 400.
   std::size_t content_length = 0;
+  /// The Authorization header's value ("" without one; several are 400).
+  std::string authorization;
 };
 
 /// Where the request head in [begin, end) ends: the position after its
@@ -52,7 +54,7 @@ std::pair<Iterator, bool> find_request_head_end(Iterator begin, Iterator end) {
 /// blank lines skipped; an absolute target ("http://host:port/metrics") is
 /// reduced to its path. A malformed line is error_status 400, another HTTP
 /// version 505. Of the headers it reads only Content-Length and
-/// Transfer-Encoding (the body's length). Never throws but
+/// Transfer-Encoding (the body's length) and Authorization. Never throws but
 /// std::bad_alloc.
 http_request parse_http_request(std::string_view head);
 

@@ -12,6 +12,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace h2::metrics {
@@ -22,13 +23,23 @@ struct http_call {
   std::string path;
   std::string body; ///< at most http_server::max_request_body_bytes
   std::string peer; ///< "host:port"
+  std::string authorization; ///< the Authorization header ("": none)
 };
 
 /// A route's answer.
 struct http_answer {
+  http_answer() = default;
+  http_answer(int status, std::string content_type, std::string body)
+      : status(status),
+        content_type(std::move(content_type)),
+        body(std::move(body)) {}
+
   int status = 200;
   std::string content_type = "application/json";
   std::string body;
+  /// More response headers (name, value), e.g. Content-Security-Policy;
+  /// neither may hold a CR or LF.
+  std::vector<std::pair<std::string, std::string>> headers;
 };
 
 /// `path` answered by `handler` for `method` ("GET" answers HEAD too).
@@ -50,6 +61,13 @@ struct http_tls {
   std::string key;         ///< its private key
   std::string client_ca;   ///< "" : any client (no client certificate)
 };
+
+/// `GET /metrics`: 200, the body from `body` (called for every scrape),
+/// `Content-Type: text/plain; version=0.0.4; charset=utf-8`.
+http_route prometheus_route(std::function<std::string()> body);
+
+/// `GET /`: 200, a small HTML page linking to /metrics.
+http_route index_route();
 
 /// Loads `tls` as a server would; throws h2::error naming the file that
 /// does not load (a missing file, not PEM, a key that is not the

@@ -78,6 +78,38 @@ public:
   virtual void on_rebalance(const rebalance_event& e) {}
 };
 
+/// Passes every callback to each of its observers, in their order.
+class observer_fanout final : public training_observer {
+public:
+  explicit observer_fanout(std::vector<training_observer*> to)
+      : to_(std::move(to)) {}
+
+  void on_setup(const plan& p, const std::vector<setup_report>& c) override {
+    for (auto* o : to_)
+      o->on_setup(p, c);
+  }
+  void on_step(const step_summary& s) override {
+    for (auto* o : to_)
+      o->on_step(s);
+  }
+  void on_eval(int step, double val_loss) override {
+    for (auto* o : to_)
+      o->on_eval(step, val_loss);
+  }
+  void on_checkpoint(int steps, double waited_seconds,
+                     double stall_seconds) override {
+    for (auto* o : to_)
+      o->on_checkpoint(steps, waited_seconds, stall_seconds);
+  }
+  void on_rebalance(const rebalance_event& e) override {
+    for (auto* o : to_)
+      o->on_rebalance(e);
+  }
+
+private:
+  std::vector<training_observer*> to_;
+};
+
 /// Keeps every step summary and validation loss (tests, benchmarks, tools).
 class step_recorder : public training_observer {
 public:

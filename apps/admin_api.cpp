@@ -1,38 +1,34 @@
-#include "h2/apps/admin_server.hpp"
+#include "h2/apps/admin_api.hpp"
 
 #include <nlohmann/json.hpp>
 
 namespace h2::apps {
 
-admin_server::admin_server(const admin_config& config,
-                           std::shared_ptr<const transport::job_secret> token,
-                           std::shared_ptr<runtime::admin_inbox> inbox,
-                           std::FILE* log)
+admin_api::admin_api(std::shared_ptr<const transport::job_secret> token,
+                     std::shared_ptr<runtime::admin_inbox> inbox,
+                     std::FILE* log)
     : token_(std::move(token)),
       inbox_(std::move(inbox)),
       log_(log),
       verifier_(token_),
       session_(runtime::make_admin_session()) {
-  metrics::http_route admin{
-    "/admin", "POST",
-    [this](const metrics::http_call& call) { return handle(call); }, true};
-  std::optional<metrics::http_tls> tls;
-  if (!config.certificate.empty())
-    tls = metrics::http_tls{config.certificate, config.key, config.client_ca};
-  server_ = std::make_unique<metrics::http_server>(
-    config.bind, static_cast<std::uint16_t>(config.port),
-    std::vector<metrics::http_route>{std::move(admin)}, std::move(tls));
 }
 
-metrics::http_answer admin_server::refuse(int status, const std::string& peer,
-                                          const std::string& message) {
+metrics::http_route admin_api::route() {
+  return {"/admin", "POST",
+          [this](const metrics::http_call& call) { return handle(call); },
+          true};
+}
+
+metrics::http_answer admin_api::refuse(int status, const std::string& peer,
+                                       const std::string& message) {
   std::fprintf(log_, "h2: admin: refused %s: %s\n", peer.c_str(),
                message.c_str());
   std::fflush(log_);
   return {status, "application/json", runtime::admin_refusal(message)};
 }
 
-metrics::http_answer admin_server::handle(const metrics::http_call& call) {
+metrics::http_answer admin_api::handle(const metrics::http_call& call) {
   runtime::admin_request r;
   try {
     r = runtime::decode_admin_request(call.body);

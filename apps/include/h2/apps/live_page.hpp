@@ -1,0 +1,25 @@
+// The live page of a run (docs/admin.md, "Live page") as routes of H2's
+// HTTP server: `GET /` (the page), `/page.js`, `/page.css` (served by the
+// job itself, nothing from elsewhere: its Content-Security-Policy says so
+// to the browser), `/api/state` (runtime::run_view's JSON) and
+// `/api/timeline.svg` (the last step as measured).
+#pragma once
+
+#include "h2/metrics/http_server.hpp"
+#include "h2/runtime/run_view.hpp"
+#include "h2/transport/handshake.hpp"
+
+#include <memory>
+#include <vector>
+
+namespace h2::apps {
+
+/// The page's routes over `view`, which must outlive every server serving
+/// them. With a `token` (`[admin] page = "token"`), `/api/*` answer 401
+/// unless the request carries `Authorization: Bearer <the admin token>`;
+/// the page itself holds no data and asks the user for the token.
+std::vector<metrics::http_route>
+live_page_routes(const runtime::run_view& view,
+                 std::shared_ptr<const transport::job_secret> token);
+
+} // namespace h2::apps
