@@ -479,6 +479,10 @@ void server_core::accept() {
       });
       return;
     }
+    // A TLS handshake and its answer are several small writes: without
+    // this each waits for the client's delayed ACK (about 40 ms).
+    asio::error_code no_delay_ec;
+    socket.set_option(tcp::no_delay(true), no_delay_ec);
     auto serve = [this](auto stream) {
       auto c = std::make_shared<connection<decltype(stream)>>(
         *this, std::move(stream));
