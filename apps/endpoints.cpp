@@ -48,9 +48,10 @@ void append(std::vector<metrics::http_route>& to,
 run_endpoints::run_endpoints(const job_config& job, const run_flags& flags,
                              const endpoint_options& options,
                              const std::string& program) {
+  // --metrics-port names the port itself; the job's port is per node.
   int mport = flags.metrics_port >= 0 ? flags.metrics_port : job.metrics.port;
   serves_metrics_ = !flags.no_metrics && (flags.metrics_port >= 0 || mport > 0);
-  if (mport > 0)
+  if (flags.metrics_port < 0 && mport > 0)
     mport += options.port_offset;
   const int aport = flags.admin_port >= 0 ? flags.admin_port : job.admin.port;
   const bool serves_admin =
@@ -58,13 +59,11 @@ run_endpoints::run_endpoints(const job_config& job, const run_flags& flags,
   const bool shared = serves_metrics_ && serves_admin && mport == aport &&
                       mport > 0 && job.metrics.bind == job.admin.bind;
   const auto& page = job.admin.page;
+  // (load_job refuses "token" without an admin endpoint.)
   const bool has_page = options.page != nullptr && page != "off";
-  if (has_page && page == "token" && !serves_admin)
-    throw config_error("admin.page", "\"token\" serves the page on the admin "
-                                     "endpoint: set admin.port (or "
-                                     "--admin-port)");
 
   std::shared_ptr<const transport::job_secret> token;
+  std::optional<std::string> page_token; // page = "token"
   std::optional<metrics::http_tls> tls;
   std::vector<metrics::http_route> admin_routes;
   if (serves_admin) {
@@ -73,22 +72,26 @@ run_endpoints::run_endpoints(const job_config& job, const run_flags& flags,
                          "missing: the admin endpoint needs a token file "
                          "(docs/admin.md)");
     token = runtime::load_admin_token(job.admin.token_file);
+    if (page == "token")
+      page_token = transport::read_token_file(
+        job.admin.token_file, "admin.token_file", "the admin token");
     tls = admin_tls(job.admin);
     inbox_ = std::make_shared<runtime::admin_inbox>();
     admin_ = std::make_unique<admin_api>(token, inbox_);
     admin_routes.push_back(admin_->route());
     if (has_page)
-      append(admin_routes, live_page_routes(*options.page,
-                                            page == "token" ? token : nullptr));
+      append(admin_routes, live_page_routes(*options.page, page_token));
   }
   if (serves_metrics_) {
     std::vector<metrics::http_route> routes{
       metrics::prometheus_route([this] { return registry_.expose(); })};
-    if (shared)
+    if (shared) {
       append(admin_routes, std::move(routes));
-    else {
+      if (!has_page)
+        admin_routes.push_back(metrics::index_route());
+    } else {
       if (has_page && page == "open")
-        append(routes, live_page_routes(*options.page, nullptr));
+        append(routes, live_page_routes(*options.page, std::nullopt));
       else
         routes.push_back(metrics::index_route());
       metrics_server_ =
@@ -108,7 +111,7 @@ run_endpoints::run_endpoints(const job_config& job, const run_flags& flags,
   if (serves_admin)
     std::cout << program << ": admin endpoint at " << job.admin.bind << ":"
               << admin_port() << (tls ? " (TLS)" : "") << std::endl;
-  if (has_page && (serves_admin || page == "open")) {
+  if (has_page && (serves_admin || (serves_metrics_ && page == "open"))) {
     const bool on_admin = serves_admin;
     std::cout << program << ": live page at "
               << (on_admin ? admin_scheme : "http://")

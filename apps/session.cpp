@@ -76,6 +76,11 @@ std::shared_ptr<job_config> load_job(const std::string& path,
                          "got \"" + backend + "\"");
     job->transport.backend = backend;
   }
+  if (job->admin.page == "token" && flags.admin_port < 0 &&
+      job->admin.port == 0)
+    throw config_error("admin.page",
+                       "\"token\" serves the page on the admin endpoint: set "
+                       "admin.port (or --admin-port)");
   return job;
 }
 

@@ -252,7 +252,7 @@ int main(int argc, char** argv) {
     view.on_step(step);
   }
   metrics::http_server page("127.0.0.1", 0,
-                            apps::live_page_routes(view, nullptr));
+                            apps::live_page_routes(view, std::nullopt));
   const double state = rate(
     page.port(), seconds,
     [] { return std::string("GET /api/state HTTP/1.1\r\nHost: b\r\n\r\n"); },

@@ -114,10 +114,13 @@ void run_view::on_setup(const plan& p, const std::vector<setup_report>& chips) {
 }
 
 void run_view::on_step(const step_summary& s) {
+  auto copy = std::make_shared<const step_summary>(s); // outside the lock
   std::lock_guard lock(mutex_);
-  last_ = s;
-  ++steps_done_;
-  if (s.step % static_cast<int>(stride_) != 0)
+  last_ = std::move(copy);
+  steps_done_ = s.step + 1;
+  if (first_step_ < 0)
+    first_step_ = s.step;
+  if ((s.step - first_step_) % static_cast<int>(stride_) != 0)
     return;
   steps_.push_back(s.step + 1);
   losses_.push_back(s.loss);
@@ -255,26 +258,32 @@ std::string run_view::state_json() const {
 }
 
 std::optional<std::string> run_view::timeline_svg() const {
-  std::lock_guard lock(mutex_);
-  if (!last_ || last_->ops.empty())
+  std::shared_ptr<const step_summary> last;
+  {
+    std::lock_guard lock(mutex_);
+    if (svg_ && svg_->from == last_)
+      return svg_->svg;
+    last = last_;
+  }
+  if (!last || last->ops.empty())
     return std::nullopt;
-  const int step = last_->step + 1;
-  if (svg_ && svg_->first == step)
-    return svg_->second;
-  const auto sim = measured_timeline(*last_);
+  const int step = last->step + 1;
+  const auto sim = measured_timeline(*last);
   std::vector<std::vector<std::string>> labels(sim.replicas.size());
   for (std::size_t r = 0; r < sim.replicas.size(); ++r)
     labels[r].assign(sim.replicas[r].size(), "?");
-  for (const auto& c : last_->chips)
+  for (const auto& c : last->chips)
     if (c.replica >= 0 && c.stage >= 0)
       labels[static_cast<std::size_t>(c.replica)]
             [static_cast<std::size_t>(c.stage)] = row_label(c.chip);
-  svg_.emplace(step,
-               scheduler::render_svg(
-                 sim, labels,
-                 "step " + std::to_string(step) + " as measured (" +
-                   std::string(to_string(job_.emulation.clock)) + " clock)"));
-  return svg_->second;
+  auto drawn = std::make_shared<const drawing>(drawing{
+    last, scheduler::render_svg(
+            sim, labels,
+            "step " + std::to_string(step) + " as measured (" +
+              std::string(to_string(job_.emulation.clock)) + " clock)")});
+  std::lock_guard lock(mutex_);
+  svg_ = drawn;
+  return drawn->svg;
 }
 
 } // namespace h2::runtime

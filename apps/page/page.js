@@ -204,23 +204,48 @@
     const r = await get('/api/timeline.svg');
     if (!r)
       return;
-    const url = URL.createObjectURL(await r.blob());
+    const blob = await r.blob();
+    // The job may have finished another step since /api/state: the
+    // drawing's title names the one it shows.
+    const drawn = /step (\d+) as measured/.exec(await blob.text());
+    const url = URL.createObjectURL(blob);
     $('timeline').src = url;
     if (timelineUrl)
       URL.revokeObjectURL(timelineUrl);
     timelineUrl = url;
     timelineStep = step;
     $('timeline-note').textContent =
-      'step ' + step + ', as the chips measured it';
+      'step ' + (drawn ? drawn[1] : step) + ', as the chips measured it';
+  }
+
+  // One chain of refreshes at a time: a new one (the token form) replaces
+  // the pending one. It ends with the job: when the job says it is done or
+  // stopped, or after `maxFailures` refreshes in a row that could not reach
+  // it (a job's server closes when it exits).
+  const maxFailures = 3;
+  let timer = null;
+  let busy = false;
+  let failures = 0;
+
+  function schedule() {
+    clearTimeout(timer);
+    timer = setTimeout(refresh, refreshMs);
   }
 
   async function refresh() {
+    clearTimeout(timer);
+    if (busy)
+      return;
+    busy = true;
     let again = true;
     try {
       const r = await get('/api/state');
-      if (!r)
-        return; // the login form starts again
+      if (!r) {
+        busy = false;
+        return; // the login form starts the next chain
+      }
       const s = await r.json();
+      failures = 0;
       render(s);
       if (s.timeline_step > 0 && s.timeline_step !== timelineStep)
         await loadTimeline(s.timeline_step);
@@ -231,11 +256,14 @@
       $('updated').textContent = new Date().toLocaleTimeString();
       again = s.status === 'starting' || s.status === 'training';
     } catch (e) {
+      again = ++failures < maxFailures;
       $('summary').textContent =
-        'cannot reach the job (' + e.message + '); trying again';
+        again ? 'cannot reach the job (' + e.message + '); trying again'
+              : 'the job has ended, or cannot be reached (' + e.message + ')';
     }
+    busy = false;
     if (again)
-      setTimeout(refresh, refreshMs);
+      schedule();
   }
 
   $('login-form').addEventListener('submit', (event) => {

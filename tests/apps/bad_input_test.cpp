@@ -172,6 +172,13 @@ std::vector<bad_input_case> cases() {
        return bad_run{{job.string(), "--admin-port", "0"},
                       {"admin.certificate", "no.pem"}};
      }},
+    {"page_token_without_an_admin_endpoint",
+     [](const scratch_dir& dir) {
+       auto job =
+         dir.write("job.toml", small_job + "\n[admin]\ntoken_file = \"t\"\n"
+                                           "page = \"token\"\n");
+       return bad_run{{job.string()}, {"admin.page", "admin.port"}};
+     }},
     {"replan_onto_other_chips",
      [](const scratch_dir& dir) {
        // The job runs on 0:0, 0:1, 1:0; the re-plan on 0:0 and 1:0.

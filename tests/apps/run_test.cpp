@@ -117,6 +117,9 @@ TEST_F(apps_run, progress_lines_json_log_and_trace) {
     << r.err << "\nstdout:\n"
     << r.out;
   EXPECT_EQ(r.err, "");
+  // No metrics or admin port: nothing serves the live page, and nothing
+  // says it does.
+  EXPECT_EQ(r.out.find("live page"), std::string::npos) << r.out;
 
   // Setup report: the job's manual plan.
   EXPECT_NE(r.out.find("h2: job \"e2e\""), std::string::npos) << r.out;

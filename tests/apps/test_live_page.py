@@ -5,7 +5,8 @@ Starts the demo with /metrics, the admin API and the page on one port and
 `[admin] page = "token"`, then drives Chromium through chromedriver
 (WebDriver over HTTP, Python's standard library only):
 
-- without the token, /api/state is refused and the page asks for it;
+- without the token, /api/state is refused and the page asks for it; a
+  wrong token in the page's form is refused and asked for again;
 - with it, the page renders (the screenshot is not blank), lists every chip
   of the plan, draws the last step's timeline, and shows a loss that
   changes between two loads;
@@ -128,15 +129,21 @@ class browser:
         self.driver = subprocess.Popen(
             [CHROMEDRIVER, f"--port={port}"], stdout=subprocess.DEVNULL,
             stderr=open(os.path.join(workdir, "chromedriver.log"), "w"))
-        wait_for("chromedriver", lambda: self._up(), 30)
-        args = ["--headless", "--no-sandbox", "--disable-gpu",
-                "--disable-dev-shm-usage", "--window-size=1280,1400",
-                f"--user-data-dir={os.path.join(workdir, 'profile')}"]
-        value = self.call("POST", "/session", {"capabilities": {"alwaysMatch": {
-            "browserName": "chrome",
-            "goog:chromeOptions": {"binary": CHROMIUM, "args": args},
-            "goog:loggingPrefs": {"browser": "ALL"}}}})
-        self.session = f"/session/{value['sessionId']}"
+        self.session = None
+        try:
+            wait_for("chromedriver", lambda: self._up(), 30)
+            args = ["--headless", "--no-sandbox", "--disable-gpu",
+                    "--disable-dev-shm-usage", "--window-size=1280,1400",
+                    f"--user-data-dir={os.path.join(workdir, 'profile')}"]
+            value = self.call("POST", "/session", {"capabilities": {
+                "alwaysMatch": {
+                    "browserName": "chrome",
+                    "goog:chromeOptions": {"binary": CHROMIUM, "args": args},
+                    "goog:loggingPrefs": {"browser": "ALL"}}}})
+            self.session = f"/session/{value['sessionId']}"
+        except BaseException:
+            self.driver.kill()
+            raise
 
     def _up(self):
         try:
@@ -166,13 +173,15 @@ class browser:
         return base64.b64decode(self.call("GET", self.session + "/screenshot"))
 
     def errors(self):
+        """The errors logged since the last call (reading clears them)."""
         entries = self.call("POST", self.session + "/se/log",
                             {"type": "browser"})
         return [e for e in entries if e["level"] == "SEVERE"]
 
     def close(self):
         try:
-            self.call("DELETE", self.session)
+            if self.session:
+                self.call("DELETE", self.session)
         finally:
             self.driver.terminate()
             self.driver.wait(30)
@@ -204,12 +213,13 @@ def main():
     run = subprocess.Popen([args.launch, job, "--steps", "3000",
                             "--metrics-port", str(port), "--admin-port",
                             str(port)], stdout=log, stderr=subprocess.STDOUT)
-    page = None
+    # The waits add up to less than ctest's TIMEOUT (300 s), so that a
+    # failure says what it waited for.
     try:
         def job_log():
             log.seek(0)
             return log.read()
-        wait_for("the first step", lambda: "step     1/" in job_log(), 300)
+        wait_for("the first step", lambda: "step     1/" in job_log(), 120)
         assert f"live page at http://127.0.0.1:{port}/ (admin token)" in \
             job_log(), job_log()
         url = f"http://127.0.0.1:{port}"
@@ -226,44 +236,63 @@ def main():
         assert status == 200 and b"h2_steps_total" in body, "shared /metrics"
 
         page = browser(work)
-        page.go(url + "/")
-        wait_for("the token form", lambda: page.run(
-            "return !document.getElementById('login').hidden;"), 30)
-        page.run("document.getElementById('token').value = arguments[0];"
-                 "document.getElementById('login-form').requestSubmit();",
-                 TOKEN)
-        first = wait_for("a loss on the page", lambda: loss_shown(page))
-        for chip in chips:
-            assert chip in page.text("chips"), (chip, page.text("chips"))
-            assert chip in page.text("plan"), (chip, page.text("plan"))
-        wait_for("the timeline", lambda: page.run(
-            "return document.getElementById('timeline').naturalWidth > 0;"))
-        # Two steps later, a second load (the token stays for the tab).
-        wait_for("two more steps", lambda: json.loads(http(
-            url + "/api/state", headers={"Authorization": "Bearer " + TOKEN})[
-            1])["steps_done"] >= first[0] + 2, 300)
-        page.go(url + "/")
-        second = wait_for("a loss on the reloaded page",
-                          lambda: loss_shown(page))
-        assert second[0] > first[0], (first, second)
-        assert second[1] != first[1], f"the loss did not change: {first} {second}"
-        pixels, colours, inked = png_stats(page.screenshot())
-        assert colours >= 16 and inked >= 0.03, \
-            f"a blank screenshot: {colours} colours, {inked:.1%} not white"
-        errors = page.errors()
-        assert not errors, f"the browser logged errors: {errors}"
-        print(f"live_page: ok: chips {chips}, loss {first[1]} at step "
-              f"{first[0]} then {second[1]} at step {second[0]}, screenshot "
-              f"{pixels} pixels, {colours} colours, {inked:.1%} not white")
-    finally:
-        if page is not None:
+        try:
+            check_page(page, url, chips)
+        finally:
             page.close()
+    finally:
         run.send_signal(signal.SIGTERM)
         try:
-            run.wait(120)
+            run.wait(60)
         except subprocess.TimeoutExpired:
             run.kill()
     return 0
+
+
+def submit_token(page, token):
+    page.run("document.getElementById('token').value = arguments[0];"
+             "document.getElementById('login-form').requestSubmit();", token)
+
+
+def check_page(page, url, chips):
+    page.go(url + "/")
+    login_shown = "return !document.getElementById('login').hidden;"
+    wait_for("the token form", lambda: page.run(login_shown), 20)
+    # A wrong token: the job refuses it (one 401, which the browser logs)
+    # and the page asks again.
+    submit_token(page, "not-the-token-0123456789")
+    wait_for("the wrong token refused", lambda: page.run(
+        "return document.getElementById('login-error').textContent;") ==
+        "the job refused that token", 20)
+    assert page.run(login_shown)
+    refused = page.errors()
+    assert len(refused) == 1 and "/api/state" in refused[0]["message"] and \
+        "401" in refused[0]["message"], refused
+
+    submit_token(page, TOKEN)
+    first = wait_for("a loss on the page", lambda: loss_shown(page), 45)
+    for chip in chips:
+        assert chip in page.text("chips"), (chip, page.text("chips"))
+        assert chip in page.text("plan"), (chip, page.text("plan"))
+    wait_for("the timeline", lambda: page.run(
+        "return document.getElementById('timeline').naturalWidth > 0;"), 20)
+    # Two steps later, a second load (the token stays for the tab).
+    wait_for("two more steps", lambda: json.loads(http(
+        url + "/api/state", headers={"Authorization": "Bearer " + TOKEN})[
+        1])["steps_done"] >= first[0] + 2, 45)
+    page.go(url + "/")
+    second = wait_for("a loss on the reloaded page",
+                      lambda: loss_shown(page), 20)
+    assert second[0] > first[0], (first, second)
+    assert second[1] != first[1], f"the loss did not change: {first} {second}"
+    pixels, colours, inked = png_stats(page.screenshot())
+    assert colours >= 16 and inked >= 0.03, \
+        f"a blank screenshot: {colours} colours, {inked:.1%} not white"
+    errors = page.errors()
+    assert not errors, f"the browser logged errors: {errors}"
+    print(f"live_page: ok: chips {chips}, loss {first[1]} at step "
+          f"{first[0]} then {second[1]} at step {second[0]}, screenshot "
+          f"{pixels} pixels, {colours} colours, {inked:.1%} not white")
 
 
 if __name__ == "__main__":

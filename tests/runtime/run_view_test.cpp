@@ -78,20 +78,24 @@ TEST_F(run_view_fixture, the_state_names_every_chip_of_the_plan) {
 }
 
 TEST_F(run_view_fixture, long_runs_keep_evenly_spaced_points) {
-  run_view view(job, 100000);
-  view.on_setup(p, {});
-  const int steps = static_cast<int>(run_view::max_points) * 5 / 2;
-  for (int i = 0; i < steps; ++i)
-    view.on_step(demo_step(p, i, 10.0 - i * 1e-3));
-  auto j = nlohmann::json::parse(view.state_json());
-  const auto points = j["history"]["step"].get<std::vector<int>>();
-  EXPECT_LT(points.size(), run_view::max_points);
-  EXPECT_GT(points.size(), run_view::max_points / 2);
-  ASSERT_GE(points.size(), 3u);
-  EXPECT_EQ(points.front(), 1);
-  for (std::size_t i = 1; i < points.size(); ++i)
-    EXPECT_EQ(points[i] - points[i - 1], 4) << i; // thinned twice
-  EXPECT_EQ(j["history"]["loss"].size(), points.size());
+  // From the start, and resumed from a checkpoint at an odd step.
+  for (const int first : {0, 201}) {
+    run_view view(job, 100000);
+    view.on_setup(p, {});
+    const int steps = static_cast<int>(run_view::max_points) * 5 / 2;
+    for (int i = first; i < first + steps; ++i)
+      view.on_step(demo_step(p, i, 10.0 - i * 1e-3));
+    auto j = nlohmann::json::parse(view.state_json());
+    EXPECT_EQ(j["steps_done"], first + steps); // the run's step, not ours
+    const auto points = j["history"]["step"].get<std::vector<int>>();
+    EXPECT_LT(points.size(), run_view::max_points);
+    EXPECT_GT(points.size(), run_view::max_points / 2);
+    ASSERT_GE(points.size(), 3u);
+    EXPECT_EQ(points.front(), first + 1);
+    for (std::size_t i = 1; i < points.size(); ++i)
+      EXPECT_EQ(points[i] - points[i - 1], 4) << first << " " << i;
+    EXPECT_EQ(j["history"]["loss"].size(), points.size());
+  }
 }
 
 TEST_F(run_view_fixture, events_are_bounded_and_newest_last) {

@@ -7,19 +7,20 @@
 
 #include "h2/metrics/http_server.hpp"
 #include "h2/runtime/run_view.hpp"
-#include "h2/transport/handshake.hpp"
 
-#include <memory>
+#include <optional>
+#include <string>
 #include <vector>
 
 namespace h2::apps {
 
 /// The page's routes over `view`, which must outlive every server serving
-/// them. With a `token` (`[admin] page = "token"`), `/api/*` answer 401
-/// unless the request carries `Authorization: Bearer <the admin token>`;
-/// the page itself holds no data and asks the user for the token.
+/// them. With a `token` (`[admin] page = "token"`: the admin token's
+/// text), `/api/*` answer 401 unless the request carries `Authorization:
+/// Bearer <token>`; the page itself holds no data and asks the user for
+/// the token. Only the token's SHA-256 is kept.
 std::vector<metrics::http_route>
 live_page_routes(const runtime::run_view& view,
-                 std::shared_ptr<const transport::job_secret> token);
+                 const std::optional<std::string>& token);
 
 } // namespace h2::apps

@@ -12,6 +12,7 @@
 #include <cstddef>
 #include <deque>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -29,7 +30,8 @@ scheduler::simulation measured_timeline(const step_summary& s);
 class run_view final : public training_observer {
 public:
   /// Points each series (loss, tokens/s) keeps: past it, every other point
-  /// is dropped and only every 2nd (4th, ...) step recorded.
+  /// is dropped and only every 2nd (4th, ...) step recorded, counted from
+  /// the first step of this process (a resumed run's too).
   static constexpr std::size_t max_points = 1024;
   /// Events kept (the newest).
   static constexpr std::size_t max_events = 100;
@@ -53,7 +55,8 @@ public:
 
   /// The last step's timeline (measured_timeline) as SVG; nullopt before
   /// the first step or when its ops were not recorded (the other nodes of
-  /// a job in several processes).
+  /// a job in several processes). Drawn outside the lock: training does not
+  /// wait for it.
   std::optional<std::string> timeline_svg() const;
 
 private:
@@ -72,13 +75,20 @@ private:
   std::optional<plan> plan_;
   int generation_ = 0;
   std::map<chip_id, memory_report> setup_memory_;
-  std::optional<step_summary> last_;
-  int steps_done_ = 0;
+  /// Shared with readers drawing its timeline outside the lock.
+  std::shared_ptr<const step_summary> last_;
+  int steps_done_ = 0;     ///< the last step's number + 1 (a resume's too)
+  int first_step_ = -1;    ///< the first step this process recorded
   std::size_t stride_ = 1; ///< steps per recorded point
   std::vector<int> steps_;
   std::vector<double> losses_, tokens_per_second_;
   std::deque<event> events_;
-  mutable std::optional<std::pair<int, std::string>> svg_; ///< (step, SVG)
+  /// The last timeline drawn, and the step it was drawn from.
+  struct drawing {
+    std::shared_ptr<const step_summary> from;
+    std::string svg;
+  };
+  mutable std::shared_ptr<const drawing> svg_;
 };
 
 } // namespace h2::runtime
