@@ -55,24 +55,39 @@ plan cut(const job_config& job, const std::vector<int>& layers) {
                                 job.train.global_batch / job.train.micro_batch);
 }
 
+/// The pauses of `moves` re-plans alternating between `a` and `b`, and the
+/// most bytes one moved.
+std::pair<std::vector<double>, double>
+replan_pauses(const std::shared_ptr<job_config>& job, const plan& a,
+              const plan& b, int moves) {
+  actors::run_options o(job->train.steps);
+  for (int i = 0; i < moves; ++i)
+    o.replans[2 * i + 2] = i % 2 == 0 ? b : a;
+  actors::local_job local(job, a);
+  runtime::step_recorder rec;
+  local.run(o, rec);
+  std::vector<double> pauses;
+  double bytes = 0;
+  for (const auto& e : rec.rebalances) {
+    pauses.push_back(e.pause_seconds);
+    bytes = std::max(bytes, e.moved_bytes);
+  }
+  return {pauses, bytes};
+}
+
 std::vector<record> pause_bench() {
   std::vector<record> out;
   for (int width : {64, 128, 256}) {
     constexpr int moves = 10;
     auto job = pause_job(width, 2 * moves + 2);
     const plan a = cut(*job, {3, 3, 2, 2}), b = cut(*job, {5, 2, 2, 1});
-    actors::run_options o(job->train.steps);
-    for (int i = 0; i < moves; ++i)
-      o.replans[2 * i + 2] = i % 2 == 0 ? b : a;
-    actors::local_job local(job, a);
-    runtime::step_recorder rec;
-    local.run(o, rec);
-    std::vector<double> pauses;
-    double bytes = 0;
-    for (const auto& e : rec.rebalances) {
-      pauses.push_back(e.pause_seconds);
-      bytes = std::max(bytes, e.moved_bytes);
-    }
+    const auto [pauses, bytes] = replan_pauses(job, a, b, moves);
+    // The floor: re-plans that move no layer (the micro-batching changes),
+    // so every chip still takes both plans and rebuilds its schedule.
+    auto same_layers = a;
+    same_layers.replicas.front().micro_batch_size *= 2;
+    same_layers.replicas.front().micro_batches /= 2;
+    const auto floor = replan_pauses(job, a, same_layers, moves).first;
     // The same bytes over a raw shm channel (one message, as one move).
     channel_pair shm("shm", false);
     const double raw =
@@ -84,6 +99,12 @@ std::vector<record> pause_bench() {
          << "shm channel";
     out.push_back({"rebalance.pause_seconds_d" + std::to_string(width), pause,
                    "s", raw, pause / raw, note.str()});
+    const double fixed = quantile(floor, 0.5);
+    out.push_back({"rebalance.floor_seconds_d" + std::to_string(width), fixed,
+                   "s", raw, fixed / raw,
+                   "median pause of re-plans that move no layer (the "
+                   "micro-batching changes); baseline: the moving re-plans' "
+                   "bytes over raw shm"});
   }
   return out;
 }
