@@ -197,15 +197,15 @@ int main(int argc, char** argv) {
   const auto session = session_answer.substr(at + 11, 32);
   const transport::job_secret key(secret);
   std::uint64_t seq = 0;
-  const double sealed = rate(
-    admin.port(), seconds,
-    [&] {
-      const auto body = runtime::encode_admin_request(
-        runtime::seal_admin_request(key, ++seq, session, "status", {}));
-      return "POST /admin HTTP/1.1\r\nContent-Length: " +
-             std::to_string(body.size()) + "\r\n\r\n" + body;
-    },
-    "\"ok\":true");
+  // A sealed `status`, each with the next sequence number.
+  auto sealed_status = [&] {
+    const auto body = runtime::encode_admin_request(
+      runtime::seal_admin_request(key, ++seq, session, "status", {}));
+    return "POST /admin HTTP/1.1\r\nContent-Length: " +
+           std::to_string(body.size()) + "\r\n\r\n" + body;
+  };
+  const double sealed =
+    rate(admin.port(), seconds, sealed_status, "\"ok\":true");
   // The same over TLS: a handshake per connection, as h2-admin makes it.
   const auto pki = std::filesystem::temp_directory_path() /
                    ("h2-bench-tls-" + std::to_string(::getpid()));
@@ -220,14 +220,7 @@ int main(int argc, char** argv) {
     [&](const std::string& r) {
       return one_tls_request(admin_tls.port(), r, client);
     },
-    seconds,
-    [&] {
-      const auto body = runtime::encode_admin_request(
-        runtime::seal_admin_request(key, ++seq, session, "status", {}));
-      return "POST /admin HTTP/1.1\r\nContent-Length: " +
-             std::to_string(body.size()) + "\r\n\r\n" + body;
-    },
-    "\"ok\":true");
+    seconds, sealed_status, "\"ok\":true");
   std::filesystem::remove_all(pki);
   answering = false;
   scheduler.join();
