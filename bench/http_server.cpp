@@ -160,7 +160,8 @@ int main(int argc, char** argv) {
   echo_server echo;
   const double baseline = rate(
     echo.port(), seconds,
-    [] { return std::string("GET / HTTP/1.1\r\nHost: b\r\n\r\n"); }, "ok");
+    [] { return std::string("GET / HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"); },
+    "ok");
 
   metrics::registry registry;
   for (int c = 0; c < 64; ++c)
@@ -172,7 +173,9 @@ int main(int argc, char** argv) {
                               [&] { return registry.expose(); });
   const double scrape = rate(
     server.port(), seconds,
-    [] { return std::string("GET /metrics HTTP/1.1\r\nHost: b\r\n\r\n"); },
+    [] {
+      return std::string("GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n");
+    },
     "h2_bench_steps_total");
 
   // The admin API, answered at once by a stand-in for the scheduler.
@@ -248,7 +251,9 @@ int main(int argc, char** argv) {
                             apps::live_page_routes(view, std::nullopt));
   const double state = rate(
     page.port(), seconds,
-    [] { return std::string("GET /api/state HTTP/1.1\r\nHost: b\r\n\r\n"); },
+    [] {
+      return std::string("GET /api/state HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n");
+    },
     "\"steps_done\":1000");
 
   records.push_back(

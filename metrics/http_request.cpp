@@ -31,12 +31,12 @@ std::string_view trimmed(std::string_view s) {
   return s;
 }
 
-/// The body's length and the Authorization header from the header lines
-/// after the request line; false for a chunked body, a length that is not
-/// one decimal number, or two Authorization headers.
+/// The body's length and the Authorization and Host headers from the
+/// header lines after the request line; false for a chunked body, a length
+/// that is not one decimal number, or two Authorization or Host headers.
 bool read_headers(std::string_view headers, http_request& r) {
   std::optional<std::size_t> found;
-  bool authorized = false;
+  bool authorized = false, hosted = false;
   while (!headers.empty()) {
     const auto nl = headers.find('\n');
     const auto line = headers.substr(0, nl);
@@ -53,6 +53,13 @@ bool read_headers(std::string_view headers, http_request& r) {
         return false;
       authorized = true;
       r.authorization = value;
+      continue;
+    }
+    if (equal_ignoring_case(name, "host")) {
+      if (hosted)
+        return false;
+      hosted = true;
+      r.host = value;
       continue;
     }
     if (!equal_ignoring_case(name, "content-length"))
@@ -121,6 +128,28 @@ http_request parse_http_request(std::string_view head) {
   r.method = method;
   r.path = target.substr(0, target.find_first_of("?#"));
   return r;
+}
+
+bool host_is_local_literal(std::string_view host) {
+  if (host.empty())
+    return false;
+  if (host.front() == '[') { // an IPv6 literal, then an optional port
+    const auto close = host.find(']');
+    return close != host.npos &&
+           (close + 1 == host.size() || host[close + 1] == ':');
+  }
+  if (const auto colon = host.rfind(':'); colon != host.npos)
+    host = host.substr(0, colon);
+  if (equal_ignoring_case(host, "localhost"))
+    return true;
+  int dots = 0;
+  for (char c : host) {
+    if (c == '.')
+      ++dots;
+    else if (c < '0' || c > '9')
+      return false;
+  }
+  return dots == 3;
 }
 
 } // namespace h2::metrics

@@ -66,6 +66,8 @@ std::string_view reason_phrase(int status) {
       return "Conflict";
     case 413:
       return "Content Too Large";
+    case 421:
+      return "Misdirected Request";
     case 431:
       return "Request Header Fields Too Large";
     case 500:
@@ -242,6 +244,9 @@ struct server_core {
   tcp::acceptor acceptor{io};
   asio::steady_timer accept_retry{io};
   std::vector<http_route> routes;
+  /// Bound to a loopback address: Host must name this machine by a
+  /// literal (host_is_local_literal), or be absent.
+  bool loopback = false;
   std::set<std::shared_ptr<connection_base>> connections;
   /// Where blocking routes run, one call at a time.
   asio::io_context worker;
@@ -343,6 +348,11 @@ private:
     std::string head(begin, begin + static_cast<std::ptrdiff_t>(n));
     const http_request req = parse_http_request(head);
     head_only_ = req.method == "HEAD";
+    if (server_.loopback && !req.host.empty() &&
+        !host_is_local_literal(req.host)) {
+      write(serialize(error_response(421), head_only_));
+      return;
+    }
     auto found = find_route(req, server_.routes);
     if (auto* refused = std::get_if<response>(&found)) {
       write(serialize(*refused, head_only_));
@@ -578,6 +588,7 @@ http_server::http_server(const std::string& bind_address, std::uint16_t port,
       fail(asio::error::host_not_found);
     endpoint = results.begin()->endpoint();
   }
+  core.loopback = endpoint.address().is_loopback();
   core.acceptor.open(endpoint.protocol(), ec);
   if (ec)
     fail(ec);

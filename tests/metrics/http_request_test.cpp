@@ -84,5 +84,27 @@ TEST(metrics_http_request, the_body_length_is_one_content_length) {
   }
 }
 
+TEST(metrics_http_request, authorization_and_host_are_read_once) {
+  auto r = parse_http_request(
+    "GET / HTTP/1.1\r\nhost: 127.0.0.1:9400\r\nAuthorization: Bearer x\r\n");
+  EXPECT_EQ(r.error_status, 0);
+  EXPECT_EQ(r.host, "127.0.0.1:9400");
+  EXPECT_EQ(r.authorization, "Bearer x");
+  EXPECT_EQ(
+    parse_http_request("GET / HTTP/1.1\r\nHost: a\r\nHost: b\r\n").error_status,
+    400);
+}
+
+TEST(metrics_http_request, only_literals_and_localhost_are_local_hosts) {
+  for (std::string_view ok :
+       {"127.0.0.1", "127.0.0.1:9400", "10.1.2.3:80", "localhost",
+        "LocalHost:9400", "[::1]", "[::1]:9400"})
+    EXPECT_TRUE(host_is_local_literal(ok)) << ok;
+  for (std::string_view bad :
+       {"", "attacker.example", "attacker.example:9400", "127.0.0.1.nip.io",
+        "localhost.attacker.example", "1.2.3", "[::1", "[::1]x", "b"})
+    EXPECT_FALSE(host_is_local_literal(bad)) << bad;
+}
+
 } // namespace
 } // namespace h2::metrics

@@ -437,6 +437,21 @@ TEST_F(metrics_http_routes_test, a_post_body_reaches_its_route_whole) {
   EXPECT_EQ(get(server_->port(), "/nothing").status, 404);
 }
 
+TEST_F(metrics_http_routes_test, a_loopback_server_answers_only_local_hosts) {
+  // A name the attacker's DNS points at 127.0.0.1 (DNS rebinding) is
+  // refused; literals, localhost and no Host at all are served.
+  auto with_host = [&](const std::string& host) {
+    return send_request(server_->port(),
+                        "GET /metrics HTTP/1.1\r\n" + host + "\r\n")
+      .status;
+  };
+  EXPECT_EQ(with_host("Host: attacker.example:9400\r\n"), 421);
+  EXPECT_EQ(with_host("Host: 127.0.0.1.nip.io\r\n"), 421);
+  EXPECT_EQ(with_host("Host: 127.0.0.1:9400\r\n"), 200);
+  EXPECT_EQ(with_host("Host: localhost\r\n"), 200);
+  EXPECT_EQ(with_host(""), 200);
+}
+
 TEST_F(metrics_http_routes_test, routes_see_authorization_and_add_headers) {
   auto r = send_request(server_->port(), "GET /who HTTP/1.1\r\nauthorization:"
                                          " Bearer abc \r\n\r\n");

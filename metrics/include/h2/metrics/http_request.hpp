@@ -22,6 +22,8 @@ struct http_request {
   std::size_t content_length = 0;
   /// The Authorization header's value ("" without one; several are 400).
   std::string authorization;
+  /// The Host header's value ("" without one; several are 400).
+  std::string host;
 };
 
 /// Where the request head in [begin, end) ends: the position after its
@@ -54,8 +56,15 @@ std::pair<Iterator, bool> find_request_head_end(Iterator begin, Iterator end) {
 /// blank lines skipped; an absolute target ("http://host:port/metrics") is
 /// reduced to its path. A malformed line is error_status 400, another HTTP
 /// version 505. Of the headers it reads only Content-Length and
-/// Transfer-Encoding (the body's length) and Authorization. Never throws but
-/// std::bad_alloc.
+/// Transfer-Encoding (the body's length), Authorization and Host. Never
+/// throws but std::bad_alloc.
 http_request parse_http_request(std::string_view head);
+
+/// Whether a Host header's value (port optional) names this machine in a
+/// way DNS cannot rebind: an IPv4 or a bracketed IPv6 literal, or
+/// "localhost". A server bound to loopback answers only such requests (or
+/// ones without a Host), so a web page the operator visits cannot reach it
+/// through a name the attacker's DNS points at 127.0.0.1.
+bool host_is_local_literal(std::string_view host);
 
 } // namespace h2::metrics

@@ -80,7 +80,9 @@ void check_tls(const http_tls& tls);
 /// - `GET /`: 200, a small HTML page linking to /metrics.
 /// Other paths: 404; a method a path has no route for: 405 (HEAD answers
 /// as GET without the body); a malformed request: 400; a request head over
-/// 8 KiB: 431; a body over 1 MiB (Content-Length): 413.
+/// 8 KiB: 431; a body over 1 MiB (Content-Length): 413. Bound to a loopback
+/// address, a request whose Host is not an IP literal or "localhost" is
+/// 421 (host_is_local_literal: no DNS rebinding).
 /// Every response carries `Content-Length` and `Connection: close`. A client
 /// that has not sent a whole request head within 5 s is dropped; one that
 /// does not read its response within 30 s too. At most 64 connections are
