@@ -16,6 +16,7 @@
 #endif
 
 #include <ATen/Parallel.h>
+#include <ATen/ops/empty.h>
 
 namespace h2::devices {
 
@@ -89,6 +90,17 @@ at::Tensor device_context::take(const at::Tensor& tensor) const {
   if (tensor.device() == torch_device())
     return adopt(tensor, memory_);
   return tensor.to(torch_device());
+}
+
+at::Tensor device_context::own(const at::Tensor& tensor) const {
+  if (!tensor.defined())
+    return tensor;
+  if (tensor.device() == torch_device() && tensor.is_cpu() &&
+      move_charge(tensor, memory_))
+    return tensor;
+  auto out = at::empty(tensor.sizes(), tensor.options().device(torch_device()));
+  out.copy_(tensor);
+  return out;
 }
 
 bool device_context::holds(const at::Tensor& tensor) const noexcept {

@@ -196,6 +196,39 @@ at::Tensor adopt(const at::Tensor& tensor,
     .set_(alias, tensor.storage_offset(), tensor.sizes(), tensor.strides());
 }
 
+bool move_charge(const at::Tensor& tensor,
+                 const std::shared_ptr<memory_account>& account) {
+  H2_ENFORCE(account != nullptr, "move_charge to no account");
+  if (!tensor.defined() || !tensor.has_storage() || !tensor.is_cpu())
+    return false;
+  const auto& storage = tensor.storage();
+  // Another holder would keep using memory no longer charged to it.
+  if (storage.use_count() != 1)
+    return false;
+  const auto& data = storage.data_ptr();
+  std::shared_ptr<memory_account>* charged = nullptr;
+  std::uint64_t bytes = 0;
+  if (data.get_deleter() == &free_charged && data.get() != nullptr) {
+    auto* h = static_cast<allocation_header*>(
+      static_cast<void*>(static_cast<char*>(data.get()) - header_bytes));
+    charged = &h->account;
+    bytes = h->bytes;
+  } else if (data.get_deleter() == &free_adopted) {
+    auto* a = static_cast<adopted_block*>(data.get_context());
+    charged = &a->account;
+    bytes = a->bytes;
+  } else {
+    return false;
+  }
+  if (*charged == account)
+    return true;
+  account->reserve(bytes); // throws, changing nothing
+  if (*charged)
+    (*charged)->release(bytes);
+  *charged = account;
+  return true;
+}
+
 const memory_account* charged_account(const at::Tensor& tensor) noexcept {
   if (!tensor.defined() || !tensor.has_storage())
     return nullptr;

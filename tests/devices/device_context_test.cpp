@@ -24,6 +24,7 @@
 #include <limits>
 #include <optional>
 #include <string>
+#include <utility>
 
 namespace h2::devices {
 namespace {
@@ -403,6 +404,38 @@ TEST(devices_context, take_aliases_host_tensors_and_charges_the_taker) {
   at::Tensor h = at::ones({3});
   EXPECT_EQ(giver->to_device(h).data_ptr(), h.data_ptr());
   EXPECT_EQ(giver->to_host(h).data_ptr(), h.data_ptr());
+}
+
+TEST(devices_context, own_moves_a_sole_holders_charge_and_copies_otherwise) {
+  auto giver = make(1);
+  auto taker = make(2);
+  thread_binding bind(*taker); // own() copies on a thread bound to the taker
+  at::Tensor t, kept;
+  {
+    thread_binding give(*giver);
+    t = at::arange(64, at::kFloat);
+    kept = at::arange(32, at::kFloat);
+  }
+  const void* data = t.data_ptr();
+  // The one holder: the same bytes, now charged to the taker alone.
+  at::Tensor owned = taker->own(std::exchange(t, at::Tensor()));
+  EXPECT_EQ(owned.data_ptr(), data);
+  EXPECT_TRUE(taker->holds(owned));
+  EXPECT_EQ(giver->memory().used_bytes(), 128u); // `kept` only
+  EXPECT_EQ(taker->memory().used_bytes(), 256u);
+  EXPECT_TRUE(owned.equal(at::arange(64, at::kFloat)));
+  // Still held elsewhere (a view of it): a copy of the taker's own.
+  const auto view = kept.narrow(0, 0, 32);
+  at::Tensor copied = taker->own(view);
+  EXPECT_NE(copied.data_ptr(), kept.data_ptr());
+  EXPECT_TRUE(copied.equal(kept));
+  EXPECT_TRUE(taker->holds(copied));
+  EXPECT_EQ(giver->memory().used_bytes(), 128u);
+  EXPECT_EQ(taker->memory().used_bytes(), 384u);
+  owned.reset();
+  copied.reset();
+  EXPECT_EQ(taker->memory().used_bytes(), 0u);
+  EXPECT_FALSE(taker->own(at::Tensor()).defined());
 }
 
 TEST(devices_context, a_chip_holds_what_it_allocated_or_took_over) {

@@ -313,6 +313,71 @@ TEST(devices_memory_adopt, too_large_for_the_receiver) {
   EXPECT_EQ(a->used_bytes(), 0u);
 }
 
+// ---------------------------------------------------------------------------
+// move_charge(): a storage let go of for good changes account
+
+TEST(devices_memory_move_charge, moves_whole_storage_and_only_from_one_holder) {
+  auto a = account("0:0", 1u << 30);
+  auto b = account("0:1", 1u << 30);
+  at::Tensor t;
+  {
+    memory_binding bind(a);
+    t = at::arange(256, at::kFloat);
+  }
+  {
+    at::Tensor view = t.narrow(0, 0, 8); // a second holder
+    EXPECT_FALSE(move_charge(t, b));
+    EXPECT_EQ(a->used_bytes(), 1024u);
+    EXPECT_EQ(b->used_bytes(), 0u);
+  }
+  EXPECT_TRUE(move_charge(t, b));
+  EXPECT_EQ(a->used_bytes(), 0u);
+  EXPECT_EQ(b->used_bytes(), 1024u);
+  EXPECT_EQ(charged_account(t), b.get());
+  EXPECT_TRUE(move_charge(t, b)); // already b's: nothing changes
+  EXPECT_EQ(b->used_bytes(), 1024u);
+  t.reset();
+  EXPECT_EQ(b->used_bytes(), 0u);
+}
+
+TEST(devices_memory_move_charge, unbound_and_adopted_storage_move_too) {
+  auto a = account("0:0", 1u << 30);
+  auto b = account("0:1", 1u << 30);
+  at::Tensor unbound = at::ones({16}, at::kDouble); // charged to nobody
+  EXPECT_TRUE(move_charge(unbound, b));
+  EXPECT_EQ(b->used_bytes(), 128u);
+  at::Tensor alias = adopt(at::ones({8}, at::kFloat), a);
+  EXPECT_EQ(a->used_bytes(), 32u);
+  EXPECT_TRUE(move_charge(alias, b));
+  EXPECT_EQ(a->used_bytes(), 0u);
+  EXPECT_EQ(b->used_bytes(), 160u);
+  alias.reset();
+  unbound.reset();
+  EXPECT_EQ(b->used_bytes(), 0u);
+}
+
+TEST(devices_memory_move_charge, foreign_memory_and_no_room_change_nothing) {
+  auto a = account("0:0", 1u << 30);
+  auto small = account("0:1 (emulated:mi250x)", 100);
+  std::vector<float> outside(64, 1.0f); // not the accounting allocator's
+  EXPECT_FALSE(move_charge(at::from_blob(outside.data(), {64}), small));
+  EXPECT_FALSE(move_charge(at::Tensor(), small));
+  at::Tensor t;
+  {
+    memory_binding bind(a);
+    t = at::ones({64}, at::kFloat);
+  }
+  try {
+    move_charge(t, small);
+    FAIL() << "moved 256 bytes into an account of 100";
+  } catch (const device_error& e) {
+    EXPECT_EQ(e.code(), device_errc::out_of_memory);
+  }
+  EXPECT_EQ(a->used_bytes(), 256u);
+  EXPECT_EQ(small->used_bytes(), 0u);
+  EXPECT_EQ(charged_account(t), a.get());
+}
+
 TEST(devices_memory_adopt, undefined_tensor_passes_through) {
   auto b = account("0:1", 100);
   at::Tensor none;

@@ -115,6 +115,16 @@ public:
   /// device_error(out_of_memory) when it does not fit.
   virtual at::Tensor take(const at::Tensor& tensor) const;
 
+  /// Makes state another chip has let go of for good (a moved layer's)
+  /// this chip's own: charged to this chip alone and shared with nobody.
+  /// The same storage where that is this process's host memory, `tensor`
+  /// its one holder and this chip backed by host memory (move_charge());
+  /// otherwise a copy on this chip, made on the calling thread, which must
+  /// be bound to it (a peer's shm block, another device's memory, a storage
+  /// someone else still holds). Throws device_error(out_of_memory) when it
+  /// does not fit.
+  at::Tensor own(const at::Tensor& tensor) const;
+
   /// Whether `tensor` lives on this chip: on its torch device and, for
   /// chips backed by host memory, charged to its memory account (allocated
   /// with the chip bound, or taken over with take()).

@@ -82,6 +82,19 @@ const std::shared_ptr<memory_account>& current_account() noexcept;
 at::Tensor adopt(const at::Tensor& tensor,
                  const std::shared_ptr<memory_account>& account);
 
+/// Moves the charge for `tensor`'s storage to `account`, without copying a
+/// byte: how a chip takes over state another chip of this process has let
+/// go of for good (a layer that moved, runtime/migration.hpp). Done only
+/// when `tensor` is the storage's one holder and the storage is this
+/// process's charged host memory (accounting allocator or adopt()): true
+/// then, the storage now charged to `account` alone until freed. False,
+/// changing nothing, otherwise (someone else still holds it, a shm block,
+/// another device's memory): the caller copies instead. Throws
+/// device_error(out_of_memory) when `account` cannot hold it (nothing
+/// changes then).
+bool move_charge(const at::Tensor& tensor,
+                 const std::shared_ptr<memory_account>& account);
+
 /// The account `tensor`'s storage is charged to: the chip bound when it
 /// was allocated, or the chip that adopted it; nullptr when none is (host
 /// memory allocated unbound, or another device's). Never throws.
