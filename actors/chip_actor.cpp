@@ -69,9 +69,6 @@ struct chip_state {
                " was not set up");
     const plan from = plan_from_json(from_json, "the running plan");
     const plan to = plan_from_json(to_json, "the live re-plan");
-    auto m = runtime::migration_of(*setup.job, from, to);
-    H2_ENFORCE(m.indirect.empty(),
-               "layers cannot move chip to chip: ", m.indirect);
     for (const auto& w : worker->setup().chunks) // the plan it runs
       H2_ENFORCE(std::any_of(from.replicas.begin(), from.replicas.end(),
                              [&](const replica_plan& r) {
@@ -81,9 +78,11 @@ struct chip_state {
                              }),
                  "chip ", setup.chip->id.to_string(),
                  " does not run the plan the re-plan starts from");
+    const auto part =
+      runtime::chip_part_of(*setup.job, from, to, setup.chip->id);
     auto next = next_setup(to);
     setup = next; // the actor's copy, for closing the channels
-    return worker->migrate(std::move(next), m.chips[setup.chip->id], step);
+    return worker->migrate(std::move(next), part, step);
   }
 
   /// The report of a stage rebuilt by `rebuild` (which returns the bytes

@@ -167,7 +167,8 @@ struct adopted_block {
 
 void free_adopted(void* context) {
   auto* a = static_cast<adopted_block*>(context);
-  a->account->release(a->bytes);
+  if (a->account) // none once move_charge() let it go
+    a->account->release(a->bytes);
   delete a; // drops the original storage
 }
 
@@ -198,7 +199,6 @@ at::Tensor adopt(const at::Tensor& tensor,
 
 bool move_charge(const at::Tensor& tensor,
                  const std::shared_ptr<memory_account>& account) {
-  H2_ENFORCE(account != nullptr, "move_charge to no account");
   if (!tensor.defined() || !tensor.has_storage() || !tensor.is_cpu())
     return false;
   const auto& storage = tensor.storage();
@@ -215,6 +215,9 @@ bool move_charge(const at::Tensor& tensor,
     bytes = h->bytes;
   } else if (data.get_deleter() == &free_adopted) {
     auto* a = static_cast<adopted_block*>(data.get_context());
+    // An alias: whoever still holds the original writes the same bytes.
+    if (a->keep.use_count() != 1)
+      return false;
     charged = &a->account;
     bytes = a->bytes;
   } else {
@@ -222,7 +225,8 @@ bool move_charge(const at::Tensor& tensor,
   }
   if (*charged == account)
     return true;
-  account->reserve(bytes); // throws, changing nothing
+  if (account)
+    account->reserve(bytes); // throws, changing nothing
   if (*charged)
     (*charged)->release(bytes);
   *charged = account;

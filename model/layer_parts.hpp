@@ -9,26 +9,38 @@
 
 namespace h2::model::detail {
 
-/// Draws initial weights in a fixed order from one layer's own generator
-/// (seeded from (seed, index)), on the host (the same bits whatever the
-/// device), and puts them on `device`; or, for initial_weights::over(),
-/// hands out the given values, the next elements for each tensor asked
-/// (normal(), zeros() and ones() alike).
+/// A tensor of `shape` of its own over `flat`'s storage from element
+/// `offset` on (contiguous): a leaf that can require grad, not a view.
+at::Tensor slot(const at::Tensor& flat, std::int64_t offset,
+                at::IntArrayRef shape);
+
+/// Hands out a layer's parameters as the next slices of one flat fp32
+/// buffer of `cfg`'s layer `index` (layer_parameters()): the given one
+/// (initial_weights::over()), left as it is, or one it allocates on
+/// `device` and fills as asked, drawing in a fixed order from the layer's
+/// own generator (seeded from (seed, index)) on the host: the same bits
+/// whatever the device.
 class initializer {
 public:
-  initializer(initial_weights seed, int index, c10::Device device);
+  initializer(const gpt_config& cfg, initial_weights seed, int index,
+              c10::Device device);
 
   at::Tensor normal(at::IntArrayRef shape, double std);
+  /// normal() drawn from global layer `index`'s generator instead (a tied
+  /// head's copy of the embedding's first draw).
+  at::Tensor normal_of(int index, at::IntArrayRef shape, double std);
   at::Tensor zeros(at::IntArrayRef shape);
   at::Tensor ones(at::IntArrayRef shape);
 
 private:
-  /// The next given tensor of `shape`.
-  at::Tensor given(at::IntArrayRef shape);
+  /// The next slice of `shape`.
+  at::Tensor next(at::IntArrayRef shape);
+  at::Tensor draw(at::IntArrayRef shape, double std, at::Generator& gen);
 
+  std::uint64_t seed_;
   at::Generator gen_;
-  c10::Device device_;
-  at::Tensor values_; ///< initial_weights::values
+  at::Tensor values_;
+  bool given_;
   std::int64_t taken_ = 0;
 };
 
@@ -53,8 +65,7 @@ protected:
   /// Adds "head.lm_head.weight" [vocab, d_model], drawn by `init`; or, tied
   /// (cfg.tie_embeddings), the embedding's own first draw (layer 0 draws
   /// its token table first in both families), marked tied.
-  at::Tensor& add_lm_head(const gpt_config& cfg, initializer& init,
-                          initial_weights seed, c10::Device device);
+  at::Tensor& add_lm_head(const gpt_config& cfg, initializer& init);
 
 private:
   std::int64_t vocab_;

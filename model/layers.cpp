@@ -7,6 +7,7 @@
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/TensorOperators.h>
+#include <ATen/ops/cat.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/ones.h>
 #include <ATen/ops/zeros.h>
@@ -45,52 +46,79 @@ std::uint64_t layer_seed(std::uint64_t seed, int index) {
 
 } // namespace
 
-initializer::initializer(initial_weights seed, int index, c10::Device device)
-    : gen_(
-        at::make_generator<at::CPUGeneratorImpl>(layer_seed(seed.seed, index))),
-      device_(device),
-      values_(std::move(seed.values)) {
-  H2_ENFORCE(!values_.defined() ||
-               (values_.scalar_type() == at::kFloat && values_.dim() == 1 &&
-                values_.is_contiguous()),
-             "layer ", index, ": given values are not a flat fp32 tensor");
-}
-
-at::Tensor initializer::given(at::IntArrayRef shape) {
-  std::int64_t n = 1;
-  for (auto s : shape)
-    n *= s;
-  H2_ENFORCE(taken_ + n <= values_.numel(), "the given values end after ",
-             values_.numel(), " of them");
-  // Not a view: a tensor of its own over the same storage, a leaf that can
-  // require grad.
+at::Tensor slot(const at::Tensor& flat, std::int64_t offset,
+                at::IntArrayRef shape) {
   std::vector<std::int64_t> strides(shape.size(), 1);
   for (std::size_t i = shape.size(); i-- > 1;)
     strides[i - 1] = strides[i] * shape[i];
-  auto t = at::empty({0}, values_.options());
-  t.set_(values_.storage(), values_.storage_offset() + taken_, shape, strides);
+  auto t = at::empty({0}, flat.options().requires_grad(false));
+  t.set_(flat.storage(), flat.storage_offset() + offset, shape, strides);
+  return t;
+}
+
+initializer::initializer(const gpt_config& cfg, initial_weights seed, int index,
+                         c10::Device device)
+    : seed_(seed.seed),
+      gen_(
+        at::make_generator<at::CPUGeneratorImpl>(layer_seed(seed.seed, index))),
+      values_(std::move(seed.values)),
+      given_(values_.defined()) {
+  const auto count = layer_parameters(cfg, index);
+  if (!given_)
+    values_ = at::empty({count}, at::TensorOptions(at::kFloat).device(device));
+  H2_ENFORCE(values_.scalar_type() == at::kFloat && values_.dim() == 1 &&
+               values_.numel() == count && values_.is_contiguous() &&
+               values_.device() == device,
+             "layer ", index, ": given values are not ", count,
+             " contiguous fp32 values on ", device);
+}
+
+at::Tensor initializer::next(at::IntArrayRef shape) {
+  std::int64_t n = 1;
+  for (auto s : shape)
+    n *= s;
+  H2_ENFORCE(taken_ + n <= values_.numel(), "the layer's values end after ",
+             values_.numel(), " of them");
+  auto t = slot(values_, taken_, shape);
   taken_ += n;
   return t;
 }
 
+at::Tensor initializer::draw(at::IntArrayRef shape, double std,
+                             at::Generator& gen) {
+  auto t = next(shape);
+  if (given_)
+    return t;
+  // normal_ fills a contiguous fp32 tensor from the generator by its size
+  // alone: in place, a slice gets the bits a tensor of its own would.
+  if (t.is_cpu()) {
+    t.normal_(0.0, std, gen);
+    return t;
+  }
+  auto host = at::empty(shape, at::kFloat);
+  host.normal_(0.0, std, gen);
+  t.copy_(host);
+  return t;
+}
+
 at::Tensor initializer::normal(at::IntArrayRef shape, double std) {
-  if (values_.defined())
-    return given(shape);
-  auto t = at::empty(shape, at::kFloat);
-  t.normal_(0.0, std, gen_);
-  return t.to(device_);
+  return draw(shape, std, gen_);
+}
+
+at::Tensor initializer::normal_of(int index, at::IntArrayRef shape,
+                                  double std) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(layer_seed(seed_, index));
+  return draw(shape, std, gen);
 }
 
 at::Tensor initializer::zeros(at::IntArrayRef shape) {
-  if (values_.defined())
-    return given(shape);
-  return at::zeros(shape, at::TensorOptions(at::kFloat).device(device_));
+  auto t = next(shape);
+  return given_ ? t : t.zero_();
 }
 
 at::Tensor initializer::ones(at::IntArrayRef shape) {
-  if (values_.defined())
-    return given(shape);
-  return at::ones(shape, at::TensorOptions(at::kFloat).device(device_));
+  auto t = next(shape);
+  return given_ ? t : t.fill_(1.0);
 }
 
 at::Tensor attention_core(const at::Tensor& q, const at::Tensor& k,
@@ -105,16 +133,12 @@ at::Tensor attention_core(const at::Tensor& q, const at::Tensor& k,
     {q, k, v});
 }
 
-at::Tensor& head_base::add_lm_head(const gpt_config& cfg, initializer& init,
-                                   initial_weights seed, c10::Device device) {
+at::Tensor& head_base::add_lm_head(const gpt_config& cfg, initializer& init) {
   const std::vector<std::int64_t> shape{cfg.vocab_size, cfg.d_model};
   if (!cfg.tie_embeddings)
     return add("head.lm_head.weight", init.normal(shape, init_std), true);
-  // Given values hold the copy too.
-  auto value = seed.values.defined()
-                 ? init.normal(shape, init_std)
-                 : initializer(seed, 0, device).normal(shape, init_std);
-  auto& w = add("head.lm_head.weight", std::move(value), true);
+  auto& w =
+    add("head.lm_head.weight", init.normal_of(0, shape, init_std), true);
   parameters().back().tied = true;
   return w;
 }
@@ -138,7 +162,7 @@ public:
   embedding_layer(const gpt_config& cfg, int index, initial_weights seed,
                   c10::Device device)
       : layer(index, layer_kind::embedding) {
-    initializer init(seed, index, device);
+    initializer init(cfg, seed, index, device);
     wte_ = add("embedding.wte",
                init.normal({cfg.vocab_size, cfg.d_model}, init_std), true);
     wpe_ = add("embedding.wpe",
@@ -161,7 +185,7 @@ public:
         n_head_(cfg.n_head),
         d_model_(cfg.d_model),
         eps_(cfg.norm_eps) {
-    initializer init(seed, index, device);
+    initializer init(cfg, seed, index, device);
     const std::int64_t d = cfg.d_model, f = cfg.d_ff;
     const double proj_std = init_std / std::sqrt(2.0 * cfg.n_layer);
     std::string p = "block" + std::to_string(index) + ".";
@@ -220,10 +244,10 @@ public:
   head_layer(const gpt_config& cfg, int index, initial_weights seed,
              c10::Device device)
       : head_base(index, cfg.vocab_size), eps_(cfg.norm_eps) {
-    initializer init(seed, index, device);
+    initializer init(cfg, seed, index, device);
     ln_w_ = add("head.ln_f.weight", init.ones({cfg.d_model}), false);
     ln_b_ = add("head.ln_f.bias", init.zeros({cfg.d_model}), false);
-    lm_w_ = add_lm_head(cfg, init, seed, device);
+    lm_w_ = add_lm_head(cfg, init);
   }
 
   at::Tensor logits(const at::Tensor& x) const override {
@@ -247,10 +271,66 @@ at::Tensor head_logits(const layer& head, const at::Tensor& input) {
 
 std::unique_ptr<layer> make_layer(const gpt_config& cfg, int index,
                                   initial_weights seed, c10::Device device) {
-  if (cfg.family == model_family::llama)
-    return detail::make_llama_layer(cfg, index, seed, device);
-  return detail::make_family_layer<embedding_layer, block_layer, head_layer>(
-    cfg, index, seed, device);
+  auto l =
+    cfg.family == model_family::llama
+      ? detail::make_llama_layer(cfg, index, seed, device)
+      : detail::make_family_layer<embedding_layer, block_layer, head_layer>(
+          cfg, index, seed, device);
+  H2_ENFORCE(l->parameter_count() == layer_parameters(cfg, index), "layer ",
+             index, " has ", l->parameter_count(),
+             " parameters, its size says ", layer_parameters(cfg, index));
+  return l;
+}
+
+namespace {
+
+/// `parts` as one flat fp32 tensor: the buffer they are consecutive
+/// slices of, else a packed copy.
+at::Tensor flat_of(const std::vector<const at::Tensor*>& parts) {
+  H2_ENFORCE(!parts.empty(), "no tensors to flatten");
+  const auto& first = *parts.front();
+  bool in_place = true;
+  std::int64_t total = 0;
+  for (const auto* t : parts) {
+    in_place = in_place && t->scalar_type() == at::kFloat &&
+               t->is_contiguous() &&
+               t->storage().is_alias_of(first.storage()) &&
+               t->storage_offset() == first.storage_offset() + total;
+    total += t->numel();
+  }
+  if (in_place)
+    return detail::slot(first, 0, {total});
+  std::vector<at::Tensor> flat;
+  for (const auto* t : parts)
+    flat.push_back(t->detach().to(at::kFloat).reshape({-1}));
+  return at::cat(flat);
+}
+
+} // namespace
+
+at::Tensor flat_values(const layer& l) {
+  std::vector<const at::Tensor*> parts;
+  for (const auto& p : l.parameters())
+    parts.push_back(&p.value);
+  return flat_of(parts);
+}
+
+at::Tensor flat_moments(const layer& l) {
+  std::vector<const at::Tensor*> parts;
+  for (const auto& p : l.parameters()) {
+    H2_ENFORCE(p.shard_length < 0, "layer ", l.index(), ", ", p.name,
+               ": sharded moments are not the layer's");
+    H2_ENFORCE(p.exp_avg.defined() ==
+                   l.parameters().front().exp_avg.defined() &&
+                 p.exp_avg.defined() == p.exp_avg_sq.defined(),
+               "layer ", l.index(), ", ", p.name,
+               ": AdamW moments for some parameters only");
+    if (p.exp_avg.defined()) {
+      parts.push_back(&p.exp_avg);
+      parts.push_back(&p.exp_avg_sq);
+    }
+  }
+  return parts.empty() ? at::Tensor() : flat_of(parts);
 }
 
 } // namespace h2::model

@@ -21,7 +21,7 @@ public:
   llama_embedding(const gpt_config& cfg, int index, initial_weights seed,
                   c10::Device device)
       : layer(index, layer_kind::embedding) {
-    initializer init(seed, index, device);
+    initializer init(cfg, seed, index, device);
     wte_ = add("embedding.wte",
                init.normal({cfg.vocab_size, cfg.d_model}, init_std), true);
   }
@@ -45,7 +45,7 @@ public:
         d_model_(cfg.d_model),
         eps_(cfg.norm_eps),
         rope_theta_(cfg.rope_theta) {
-    initializer init(seed, index, device);
+    initializer init(cfg, seed, index, device);
     const std::int64_t d = cfg.d_model, f = cfg.d_ff,
                        kv = n_kv_head_ * head_dim_;
     const double proj_std = init_std / std::sqrt(2.0 * cfg.n_layer);
@@ -108,9 +108,9 @@ public:
   llama_head(const gpt_config& cfg, int index, initial_weights seed,
              c10::Device device)
       : head_base(index, cfg.vocab_size), eps_(cfg.norm_eps) {
-    initializer init(seed, index, device);
+    initializer init(cfg, seed, index, device);
     norm_ = add("head.norm.weight", init.ones({cfg.d_model}), false);
-    lm_w_ = add_lm_head(cfg, init, seed, device);
+    lm_w_ = add_lm_head(cfg, init);
   }
 
   at::Tensor logits(const at::Tensor& x) const override {

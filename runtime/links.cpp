@@ -2,6 +2,7 @@
 
 #include "h2/core/error.hpp"
 #include "h2/core/model_config.hpp"
+#include "h2/runtime/migration.hpp"
 #include "h2/transport/inproc/backend.hpp"
 
 #include <algorithm>
@@ -28,12 +29,12 @@ transport::channel_limits channel_limits_of(const job_config& job,
   transport::channel_limits limits;
   limits.max_payload_bytes =
     3 * std::max({layer_state, activations, job.transport.bucket_bytes});
-  // A live re-plan sends one message per moved layer, perhaps before the
-  // receiver waits for them (runtime/migration.hpp).
+  // A live re-plan sends each moved layer's state, perhaps before the
+  // receiver waits for it (runtime/migration.hpp).
   limits.max_unawaited =
     2 * static_cast<std::size_t>(micro_batches) *
       static_cast<std::size_t>(std::max(1, job.train.eval_batches)) +
-    4 + static_cast<std::size_t>(model.num_layers());
+    4 + static_cast<std::size_t>(model.num_layers()) * moved_state_messages;
   return limits;
 }
 

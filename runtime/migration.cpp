@@ -2,14 +2,13 @@
 #include "h2/runtime/migration.hpp"
 
 #include "h2/core/error.hpp"
+#include "h2/model/optim.hpp"
 #include "h2/runtime/safetensors.hpp" // checkpoint_error
 #include "h2/runtime/stage_worker.hpp"
 #include "h2/transport/collectives.hpp"
 
-#include <ATen/ops/empty.h>
-
-#include <cstring>
 #include <set>
+#include <sstream>
 #include <utility>
 
 namespace h2::runtime {
@@ -21,6 +20,19 @@ namespace {
 constexpr int layer_move_group = 4094;
 
 } // namespace
+
+chip_migration chip_part_of(const job_config& job, const plan& from,
+                            const plan& to, const chip_id& chip) {
+  chip_migration out;
+  for (const auto& m : scheduler::layer_moves(job, from, to))
+    for (int l = m.first_layer; l < m.end_layer; ++l) {
+      if (m.from == chip)
+        out.sends.push_back({l, m.to});
+      if (m.to == chip)
+        out.receives.push_back({l, m.from});
+    }
+  return out;
+}
 
 migration migration_of(const job_config& job, const plan& from,
                        const plan& to) {
@@ -64,81 +76,62 @@ std::uint64_t layer_move_tag(std::int64_t step, int layer) {
                                    layer & 4095);
 }
 
-at::Tensor pack_layer(const model::layer& l) {
-  std::vector<const at::Tensor*> parts;
-  bool moments = false;
-  for (const auto& p : l.parameters()) {
-    H2_ENFORCE(p.shard_length < 0, "layer ", l.index(), ", ", p.name,
+std::vector<at::Tensor> give_up_layer(std::unique_ptr<model::layer> l) {
+  for (const auto& p : l->parameters())
+    H2_ENFORCE(p.shard_length < 0, "layer ", l->index(), ", ", p.name,
                ": sharded moments do not move chip to chip");
-    parts.push_back(&p.value);
-    moments = moments || p.exp_avg.defined();
-  }
-  if (moments)
-    for (const auto& p : l.parameters()) {
-      H2_ENFORCE(p.exp_avg.defined() && p.exp_avg_sq.defined(), "layer ",
-                 l.index(), ", ", p.name, ": no AdamW moments");
-      parts.push_back(&p.exp_avg);
-      parts.push_back(&p.exp_avg_sq);
-    }
-  std::int64_t total = 0;
-  for (const auto* t : parts)
-    total += t->numel();
-  H2_ENFORCE(!parts.empty(), "layer ", l.index(), " has no parameters");
-  auto out = at::empty(
-    {total}, parts.front()->options().dtype(at::kFloat).requires_grad(false));
-  // Host tensors by memcpy: a dozen library ops per parameter cost more
-  // than the copy itself at small widths.
-  std::int64_t at = 0;
-  for (const auto* t : parts) {
-    H2_ENFORCE(t->scalar_type() == at::kFloat, "layer ", l.index(),
-               ": state is fp32");
-    if (out.is_cpu() && t->is_cpu() && t->is_contiguous())
-      std::memcpy(out.data_ptr<float>() + at, t->data_ptr<float>(),
-                  static_cast<std::size_t>(t->numel()) * sizeof(float));
-    else
-      out.narrow(0, at, t->numel()).copy_(t->detach().reshape({-1}));
-    at += t->numel();
-  }
+  std::vector<at::Tensor> out{model::flat_values(*l), model::flat_moments(*l)};
+  l.reset();
+  for (const auto& t : out)
+    devices::move_charge(t, nullptr); // held elsewhere too: stays charged
   return out;
 }
 
-std::unique_ptr<model::layer> unpack_layer(const gpt_config& cfg, int index,
-                                           const at::Tensor& received,
-                                           c10::Device device) {
+namespace {
+
+/// Why `m` is not a flat fp32 tensor of `values` elements: "" when it is.
+std::string state_mismatch(const transport::message& m, std::int64_t values) {
+  const auto& t = m.tensor;
+  if (t.defined() && t.scalar_type() == at::kFloat && t.dim() == 1 &&
+      t.numel() == values && t.is_contiguous())
+    return "";
+  std::ostringstream out;
+  out << values << " contiguous fp32 values expected, got ";
+  if (!t.defined())
+    out << "a message of " << m.bytes.size() << " bytes";
+  else
+    out << (t.is_contiguous() ? "" : "non-contiguous ") << t.sizes() << " of "
+        << c10::toString(t.scalar_type());
+  return out.str();
+}
+
+} // namespace
+
+std::unique_ptr<model::layer>
+take_over_layer(const gpt_config& cfg, int index,
+                std::vector<transport::message> received,
+                const devices::device_context& device) {
   const std::int64_t values = layer_parameters(cfg, index);
   const auto where = "layer " + std::to_string(index);
-  if (!received.defined() || received.scalar_type() != at::kFloat ||
-      received.dim() != 1 ||
-      (received.numel() != values && received.numel() != 3 * values))
-    throw checkpoint_error(
-      checkpoint_errc::mismatch, "",
-      where + ": a moved state of " + std::to_string(values) +
-        " fp32 values (or 3 times as many, with the AdamW moments) "
-        "expected, got " +
-        (received.defined() ? std::to_string(received.numel()) + " of " +
-                                c10::toString(received.scalar_type())
-                            : std::string("no tensor")));
-  // A buffer of this chip's own: what arrived is the sender's memory (in
-  // one process) or a peer's shared memory (shm), charged and written there.
-  auto own =
-    at::empty({received.numel()}, at::TensorOptions(at::kFloat).device(device));
-  own.copy_(received);
-  auto l = model::make_layer(
-    cfg, index, model::initial_weights::over(own.narrow(0, 0, values)), device);
-  H2_ENFORCE(l->parameter_count() == values, where, " has ",
-             l->parameter_count(), " parameters, its size says ", values);
-  if (received.numel() == values)
-    return l; // before the first update: the optimizer makes the moments
-  std::int64_t at = values;
-  auto next = [&](const at::Tensor& like) {
-    auto part = own.narrow(0, at, like.numel()).view(like.sizes());
-    at += like.numel();
-    return part;
+  auto refuse = [&](const std::string& what) {
+    throw checkpoint_error(checkpoint_errc::mismatch, "", where + what);
   };
-  for (auto& p : l->parameters()) {
-    p.exp_avg = next(p.value);
-    p.exp_avg_sq = next(p.value);
-  }
+  if (received.size() != moved_state_messages)
+    refuse(": " + std::to_string(moved_state_messages) +
+           " messages of its state expected, " +
+           std::to_string(received.size()) + " came");
+  if (const auto why = state_mismatch(received[0], values); !why.empty())
+    refuse(", its values: " + why);
+  const auto& moments = received[1];
+  const bool before_update = !moments.tensor.defined() && moments.bytes.empty();
+  if (!before_update)
+    if (const auto why = state_mismatch(moments, 2 * values); !why.empty())
+      refuse(", its AdamW moments: " + why);
+  auto l = model::make_layer(
+    cfg, index, model::initial_weights::over(device.own(received[0].tensor)),
+    device.torch_device());
+  if (!before_update) // else the optimizer makes them
+    model::make_moments(*l, device.own(moments.tensor));
   return l;
 }
 

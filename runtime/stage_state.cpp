@@ -4,6 +4,7 @@
 #include "h2/runtime/stage_state.hpp"
 
 #include "h2/core/error.hpp"
+#include "h2/model/optim.hpp"
 
 #include <ATen/core/grad_mode.h>
 #include <ATen/ops/from_blob.h>
@@ -125,11 +126,7 @@ void restore_layer(const devices::device_context& device, model::layer& l,
       continue;
     }
     const bool sharded = p.shard_length >= 0;
-    if (!p.exp_avg.defined()) {
-      p.exp_avg = sharded ? at::zeros({p.shard_length}, p.value.options())
-                          : at::zeros_like(p.value);
-      p.exp_avg_sq = at::zeros_like(p.exp_avg);
-    }
+    model::make_moments(l); // where there are none yet
     const auto* share = sharded ? &p : nullptr;
     copy_into(device, p.exp_avg, *m1, l.index(), shape, share);
     copy_into(device, p.exp_avg_sq, *m2, l.index(), shape, share);

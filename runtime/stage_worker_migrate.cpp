@@ -5,6 +5,8 @@
 
 #include "stage_worker_context.hpp"
 
+#include <algorithm>
+#include <chrono>
 #include <map>
 
 namespace h2::runtime {
@@ -40,10 +42,18 @@ std::uint64_t stage_worker::migrate(worker_setup next, const chip_migration& m,
       return *it->second.channel;
     };
     // Receives first, so that what arrives finds them waiting.
-    std::vector<std::pair<int, transport::pending_message>> incoming;
-    for (const auto& r : m.receives)
-      incoming.emplace_back(
-        r.layer, channel_to(r.peer).recv_async(layer_move_tag(step, r.layer)));
+    std::vector<std::pair<int, std::vector<transport::pending_message>>>
+      incoming;
+    for (const auto& r : m.receives) {
+      auto& [index, parts] = incoming.emplace_back(
+        r.layer, std::vector<transport::pending_message>{});
+      auto& channel = channel_to(r.peer);
+      const auto tag = layer_move_tag(step, r.layer);
+      for (auto k = moved_state_messages; k > 0; --k)
+        parts.push_back(channel.recv_async(tag));
+    }
+    for (const auto& s : m.sends) // before anything is let go of
+      channel_to(s.peer);
     std::map<int, std::unique_ptr<model::layer>> held;
     for (auto& c : chunks_)
       for (auto& l : c->release_layers()) {
@@ -57,17 +67,31 @@ std::uint64_t stage_worker::migrate(worker_setup next, const chip_migration& m,
       auto it = held.find(s.layer);
       H2_ENFORCE(it != held.end(), "chip ", me.to_string(),
                  " is to move layer ", s.layer, ", which it does not hold");
-      transport::message msg;
-      msg.tag = layer_move_tag(step, s.layer);
-      msg.tensor = pack_layer(*it->second);
-      held.erase(it); // its memory goes as soon as the channel lets go
-      channel_to(s.peer).send(std::move(msg));
+      // Its charge leaves this chip now, not once the receiver has taken
+      // it over, so that this chip's report after the move is what it holds.
+      auto state = give_up_layer(std::move(it->second));
+      held.erase(it);
+      auto& channel = channel_to(s.peer);
+      for (auto& t : state) {
+        transport::message msg;
+        msg.tag = layer_move_tag(step, s.layer);
+        msg.tensor = std::move(t);
+        channel.send(std::move(msg));
+      }
     }
     const auto sent = bytes_sent_to(setup_.peers) - sent_before;
-    for (auto& [index, pending] : incoming) {
-      const auto msg = pending.get(timeout_);
-      held[index] =
-        unpack_layer(model, index, msg.tensor, device_->torch_device());
+    for (auto& [index, parts] : incoming) {
+      // One bound for the layer, however many messages carry it.
+      using clock = std::chrono::steady_clock;
+      const auto deadline =
+        clock::now() + std::chrono::duration_cast<clock::duration>(timeout_);
+      // Last first: one tag keeps its order, so once the last message is
+      // in so is the first, and the chip wakes once per layer.
+      std::vector<transport::message> state(parts.size());
+      for (std::size_t k = parts.size(); k-- > 0;)
+        state[k] = parts[k].get(
+          std::max(deadline - clock::now(), clock::duration::zero()));
+      held[index] = take_over_layer(model, index, std::move(state), *device_);
     }
     setup_ = std::move(next);
     for (const auto& c : setup_.chunks) {

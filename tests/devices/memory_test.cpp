@@ -354,6 +354,33 @@ TEST(devices_memory_move_charge, unbound_and_adopted_storage_move_too) {
   alias.reset();
   unbound.reset();
   EXPECT_EQ(b->used_bytes(), 0u);
+  // An alias of an original someone still holds is not the taker's alone.
+  at::Tensor original = at::ones({8}, at::kFloat);
+  at::Tensor shared = adopt(original, a);
+  EXPECT_FALSE(move_charge(shared, b));
+  EXPECT_EQ(a->used_bytes(), 32u);
+  EXPECT_EQ(b->used_bytes(), 0u);
+}
+
+TEST(devices_memory_move_charge, let_go_it_is_charged_to_nobody_until_taken) {
+  auto a = account("0:0", 1u << 30);
+  auto b = account("0:1", 1u << 30);
+  at::Tensor t, alias;
+  {
+    memory_binding bind(a);
+    t = at::ones({64}, at::kFloat);
+  }
+  alias = adopt(at::ones({16}, at::kFloat), a);
+  EXPECT_TRUE(move_charge(t, nullptr)); // the giver lets go before sending
+  EXPECT_TRUE(move_charge(alias, nullptr));
+  EXPECT_EQ(a->used_bytes(), 0u);
+  EXPECT_EQ(charged_account(t), nullptr);
+  EXPECT_TRUE(move_charge(t, b)); // the taker takes it
+  EXPECT_EQ(b->used_bytes(), 256u);
+  t.reset();
+  alias.reset(); // freed charged to nobody
+  EXPECT_EQ(a->used_bytes(), 0u);
+  EXPECT_EQ(b->used_bytes(), 0u);
 }
 
 TEST(devices_memory_move_charge, foreign_memory_and_no_room_change_nothing) {

@@ -3,8 +3,9 @@
 
 #include "h2/core/error.hpp"
 
-#include <ATen/ATen.h>
 #include "test_jobs.hpp"
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
 
 #include <gtest/gtest.h>
 
@@ -89,6 +90,49 @@ TEST(model_layers, weights_depend_only_on_seed_and_layer_index) {
   auto alone = make_layer(c, 3, 42);
   for (const auto& p : alone->parameters())
     EXPECT_TRUE(at::equal(p.value, all[p.name])) << p.name;
+}
+
+TEST(model_layers, a_layers_values_are_slices_of_one_buffer_in_order) {
+  auto c = small();
+  for (int index : {0, 3, c.num_layers() - 1}) {
+    auto l = make_layer(c, index, 42);
+    const auto flat = flat_values(*l);
+    ASSERT_EQ(flat.numel(), layer_parameters(c, index));
+    EXPECT_FALSE(flat.requires_grad());
+    const auto* base = flat.data_ptr<float>();
+    std::int64_t at = 0;
+    for (const auto& p : l->parameters()) {
+      EXPECT_EQ(p.value.data_ptr<float>(), base + at) << p.name; // no copy
+      EXPECT_TRUE(p.value.is_leaf()) << p.name;
+      at += p.value.numel();
+    }
+    // A layer built over those values is the same layer, sharing them.
+    auto over = make_layer(c, index, initial_weights::over(flat));
+    for (std::size_t i = 0; i < l->parameters().size(); ++i)
+      EXPECT_EQ(over->parameters()[i].value.data_ptr(),
+                l->parameters()[i].value.data_ptr());
+  }
+  // Parameters that are not one buffer any more are packed.
+  auto l = make_layer(c, 2, 42);
+  const auto before = flat_values(*l).clone();
+  auto& first = l->parameters().front().value;
+  first = first.detach().clone().requires_grad_(true);
+  const auto packed = flat_values(*l);
+  EXPECT_NE(packed.data_ptr(), first.data_ptr());
+  EXPECT_TRUE(at::equal(packed, before));
+}
+
+TEST(model_layers, drawing_into_a_slice_gives_a_tensors_own_bits) {
+  // What the initializer relies on: normal_ fills a contiguous fp32 tensor
+  // by its size alone, wherever it starts.
+  for (std::int64_t n : {5, 16, 17, 1000}) {
+    auto own = at::empty({n});
+    own.normal_(0.0, 0.02, at::make_generator<at::CPUGeneratorImpl>(7));
+    auto buffer = at::zeros({n + 3});
+    auto slice = buffer.narrow(0, 3, n);
+    slice.normal_(0.0, 0.02, at::make_generator<at::CPUGeneratorImpl>(7));
+    EXPECT_TRUE(at::equal(own, slice)) << n;
+  }
 }
 
 TEST(model_layers, seed_changes_the_weights) {

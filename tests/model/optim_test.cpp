@@ -1,6 +1,7 @@
 #include "h2/model/optim.hpp"
 
 #include "h2/core/error.hpp"
+#include "test_jobs.hpp"
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
@@ -129,6 +130,61 @@ TEST(model_adamw, matches_pytorch_semantics_for_three_steps) {
   // No gradient: untouched, no optimizer state, no weight decay.
   EXPECT_TRUE(at::equal(l.p(2).value, at::full({2}, 2.0, at::kFloat)));
   EXPECT_FALSE(l.p(2).exp_avg.defined());
+  // A fourth step where every parameter has a gradient: the moments the
+  // others have keep going, the third's start from zero.
+  set_grad(l.p(0), {0.1f});
+  set_grad(l.p(1), {0.1f});
+  set_grad(l.p(2), {0.1f, 0.1f});
+  adamw_update(l, c, 1e-2, 4, 1.0);
+  w.step(0.1, 1e-2, 4, c);
+  EXPECT_NEAR(l.p(0).exp_avg.item<double>(), w.m, 1e-7);
+  EXPECT_NEAR(l.p(0).exp_avg_sq.item<double>(), w.v, 1e-8);
+  EXPECT_NEAR(l.p(2).exp_avg[0].item<double>(), 0.1 * 0.1, 1e-7);
+}
+
+TEST(model_adamw, moments_survive_a_first_parameter_without_gradient) {
+  train_config c;
+  tiny_layer l;
+  set_grad(l.p(1), {0.3f}); // the first parameter has none yet
+  adamw_update(l, c, 1e-2, 1, 1.0);
+  EXPECT_FALSE(l.p(0).exp_avg.defined());
+  const double m1 = l.p(1).exp_avg.item<double>();
+  EXPECT_NEAR(m1, (1 - c.beta1) * 0.3, 1e-7);
+  set_grad(l.p(0), {0.2f});
+  set_grad(l.p(1), {0.3f});
+  set_grad(l.p(2), {0.1f, 0.1f});
+  adamw_update(l, c, 1e-2, 2, 1.0);
+  EXPECT_NEAR(l.p(1).exp_avg.item<double>(), c.beta1 * m1 + (1 - c.beta1) * 0.3,
+              1e-7); // not reset
+  EXPECT_NEAR(l.p(0).exp_avg.item<double>(), (1 - c.beta1) * 0.2, 1e-7);
+}
+
+TEST(model_adamw, a_layers_moments_are_one_buffer_in_order) {
+  auto c = test::gpt_shape(17, 8, 16, 2, 4, 32);
+  train_config t;
+  auto l = make_layer(c, 2, 42);
+  EXPECT_FALSE(flat_moments(*l).defined()); // before the first update
+  for (auto& p : l->parameters())
+    p.value.mutable_grad() = at::ones_like(p.value);
+  adamw_update(*l, t, 1e-3, 1, 1.0);
+  const auto flat = flat_moments(*l);
+  ASSERT_EQ(flat.numel(), 2 * layer_parameters(c, 2));
+  const auto* base = flat.data_ptr<float>();
+  std::int64_t at = 0;
+  for (const auto& p : l->parameters()) {
+    EXPECT_EQ(p.exp_avg.data_ptr<float>(), base + at) << p.name;
+    EXPECT_EQ(p.exp_avg_sq.data_ptr<float>(), base + at + p.value.numel())
+      << p.name;
+    EXPECT_EQ(p.exp_avg.sizes(), p.value.sizes()) << p.name;
+    at += 2 * p.value.numel();
+  }
+  // Given moments become the layer's, in that order.
+  auto moved = make_layer(c, 2, 42);
+  make_moments(*moved, flat);
+  for (std::size_t i = 0; i < moved->parameters().size(); ++i)
+    EXPECT_TRUE(at::equal(moved->parameters()[i].exp_avg_sq,
+                          l->parameters()[i].exp_avg_sq));
+  EXPECT_EQ(flat_moments(*moved).data_ptr(), flat.data_ptr());
 }
 
 TEST(model_adamw, weight_decay_only_on_decay_parameters) {

@@ -142,16 +142,16 @@ TEST(runtime_links, channel_limits_follow_the_plan) {
   ASSERT_GT(largest * 12, 1 << 18);
   EXPECT_EQ(limits.max_payload_bytes,
             3 * static_cast<std::uint64_t>(largest) * 12);
-  // Each micro-batch's messages of a training and an eval step, and one
-  // message per layer a live re-plan may move (4 layers).
-  EXPECT_EQ(limits.max_unawaited, 2u * 64 * 3 + 4 + 4);
+  // Each micro-batch's messages of a training and an eval step, and the
+  // two messages of each layer a live re-plan may move (4 layers).
+  EXPECT_EQ(limits.max_unawaited, 2u * 64 * 3 + 4 + 4 * 2);
 
   // Another plan, other limits: micro-batches of 64 sequences carry more
   // activations than any layer's state.
   auto wide = test::one_replica_plan(job, {2, 2}, 64, 2);
   auto wide_limits = channel_limits_of(job, wide);
   EXPECT_EQ(wide_limits.max_payload_bytes, 3 * std::uint64_t{64} * 64 * 32 * 4);
-  EXPECT_EQ(wide_limits.max_unawaited, 2u * 2 * 3 + 4 + 4);
+  EXPECT_EQ(wide_limits.max_unawaited, 2u * 2 * 3 + 4 + 4 * 2);
 }
 
 /// A chip of each kind, for the device paths.

@@ -1,7 +1,8 @@
 // Live re-plans chip to chip (docs/rebalance.md, "Moving layers"): which
 // layers each chip sends and receives, when they must go through the
-// scheduler instead, and a moved layer's state on the wire: built over the
-// received buffer without a copy, refused when it is not the layer's.
+// scheduler instead, and a moved layer's state on the wire: in one process
+// the sender's memory, its charge moved; copied once otherwise; refused
+// when it is not the layer's.
 #include "h2/core/error.hpp"
 #include "h2/devices/device_context.hpp"
 #include "h2/model/optim.hpp"
@@ -10,6 +11,7 @@
 #include "test_jobs.hpp"
 
 #include <ATen/ops/ones.h>
+#include <ATen/ops/ones_like.h>
 #include <ATen/ops/zeros.h>
 
 #include <gtest/gtest.h>
@@ -50,6 +52,20 @@ TEST(runtime_migration,
   EXPECT_TRUE(same(m.chips.at(b).receives, {{4, c}}));
   EXPECT_TRUE(same(m.chips.at(c).sends, {{4, b}}));
   EXPECT_TRUE(m.chips.at(c).receives.empty());
+  // Each chip works out its own part alike.
+  for (const auto& [chip, part] : m.chips) {
+    const auto own =
+      runtime::chip_part_of(*job, one_replica_plan(*job, {2, 2, 2}, 2, 4),
+                            one_replica_plan(*job, {3, 2, 1}, 2, 4), chip);
+    EXPECT_EQ(own.sends.size(), part.sends.size()) << chip.to_string();
+    EXPECT_EQ(own.receives.size(), part.receives.size()) << chip.to_string();
+    for (std::size_t i = 0; i < own.sends.size(); ++i)
+      EXPECT_TRUE(own.sends[i].layer == part.sends[i].layer &&
+                  own.sends[i].peer == part.sends[i].peer);
+    for (std::size_t i = 0; i < own.receives.size(); ++i)
+      EXPECT_TRUE(own.receives[i].layer == part.receives[i].layer &&
+                  own.receives[i].peer == part.receives[i].peer);
+  }
 }
 
 TEST(runtime_migration,
@@ -83,92 +99,161 @@ chips = ["emulated:h100-sxm", "emulated:mi250x", "emulated:a100-sxm-80gb"]
                                                 "family.toml"));
 }
 
-TEST(runtime_migration, a_moved_layer_is_built_over_one_buffer_bit_for_bit) {
-  for (const auto& model : {small_model_toml, small_tied_llama_model_toml})
+std::unique_ptr<devices::device_context> chip_of(const job_config& job,
+                                                 int index) {
+  return devices::make_device(
+    *job.find_chip(chip_id{0, index}), job.emulation,
+    devices::chip_clock(job.emulation.clock,
+                        devices::chip_clock::wall_clock::now()),
+    1);
+}
+
+/// `state` as the messages that carry it.
+std::vector<transport::message> messages_of(std::vector<at::Tensor> state) {
+  std::vector<transport::message> out(state.size());
+  for (std::size_t i = 0; i < state.size(); ++i)
+    out[i].tensor = std::move(state[i]);
+  return out;
+}
+
+/// Layer `index` made and updated once on `chip`, so it has both moments.
+std::unique_ptr<model::layer> updated_layer(const job_config& job, int index,
+                                            devices::device_context& chip) {
+  devices::thread_binding bind(chip);
+  auto l = model::make_layer(job.model, index, 7, chip.torch_device());
+  for (auto& p : l->parameters())
+    p.value.mutable_grad() = at::ones_like(p.value);
+  model::adamw_update(*l, job.train, 1e-3, 1, 1.0);
+  for (auto& p : l->parameters())
+    p.value.mutable_grad() = at::Tensor();
+  return l;
+}
+
+TEST(runtime_migration, in_one_process_a_moved_layer_keeps_its_memory) {
+  for (const auto& toml : {small_model_toml, small_tied_llama_model_toml})
     for (int index : {0, 2, 5}) {
-      auto job = three_chips_of(model);
+      auto job = three_chips_of(toml);
       const auto& cfg = job->model;
       ASSERT_EQ(cfg.num_layers(), 6);
-      auto original = model::make_layer(cfg, index, 7);
-      // Before the first update: values only.
-      auto packed = runtime::pack_layer(*original);
-      EXPECT_EQ(packed.numel(), layer_parameters(cfg, index));
-      // After one: both moments too.
-      for (auto& p : original->parameters())
-        p.value.mutable_grad() = at::ones_like(p.value);
-      model::adamw_update(*original, job->train, 1e-3, 1, 1.0);
-      packed = runtime::pack_layer(*original);
-      ASSERT_EQ(packed.numel(), 3 * layer_parameters(cfg, index));
-      auto moved = runtime::unpack_layer(cfg, index, packed);
-      ASSERT_EQ(moved->parameters().size(), original->parameters().size());
-      // One buffer of its own (not the received one) holds everything.
-      const auto& first = moved->parameters().front().value;
-      const auto* base = static_cast<const char*>(first.data_ptr());
-      const auto end = base + packed.nbytes();
-      EXPECT_NE(base, static_cast<const char*>(packed.data_ptr()));
-      for (std::size_t i = 0; i < moved->parameters().size(); ++i) {
-        const auto& got = moved->parameters()[i];
-        const auto& want = original->parameters()[i];
-        EXPECT_EQ(got.name, want.name);
-        EXPECT_EQ(got.tied, want.tied);
-        EXPECT_TRUE(got.value.requires_grad()) << got.name;
-        for (const auto& [g, w] : {std::pair{got.value, want.value},
-                                   {got.exp_avg, want.exp_avg},
-                                   {got.exp_avg_sq, want.exp_avg_sq}}) {
-          EXPECT_TRUE(at::equal(g, w)) << got.name;
-          // Within the buffer: an alias, not a copy of its own.
-          const auto* at = static_cast<const char*>(g.data_ptr());
-          EXPECT_TRUE(at >= base && at + g.nbytes() <= end) << got.name;
+      auto from = chip_of(*job, 0), to = chip_of(*job, 1);
+      const auto from_empty = from->usage().used, to_empty = to->usage().used;
+      auto original = updated_layer(*job, index, *from);
+      std::vector<std::pair<at::Tensor, const void*>> want; // copy, place
+      for (const auto& p : original->parameters())
+        for (const auto* t : {&p.value, &p.exp_avg, &p.exp_avg_sq})
+          want.emplace_back(t->detach().clone(), t->data_ptr());
+      auto state = runtime::give_up_layer(std::move(original));
+      ASSERT_EQ(state.size(), runtime::moved_state_messages);
+      // In transit: the giver pays no more, the taker not yet.
+      EXPECT_EQ(from->usage().used, from_empty);
+      EXPECT_EQ(to->usage().used, to_empty);
+      std::unique_ptr<model::layer> moved;
+      {
+        devices::thread_binding bind(*to);
+        moved = runtime::take_over_layer(cfg, index,
+                                         messages_of(std::move(state)), *to);
+      }
+      // Nothing copied: the same bytes, now charged to the new chip alone.
+      EXPECT_EQ(from->usage().used, from_empty);
+      EXPECT_EQ(to->usage().used - to_empty,
+                static_cast<std::uint64_t>(layer_parameters(cfg, index)) * 12);
+      std::size_t k = 0;
+      for (const auto& p : moved->parameters()) {
+        EXPECT_TRUE(p.value.requires_grad()) << p.name;
+        for (const auto* t : {&p.value, &p.exp_avg, &p.exp_avg_sq}) {
+          EXPECT_TRUE(at::equal(*t, want[k].first)) << p.name;
+          EXPECT_EQ(t->data_ptr(), want[k].second) << p.name;
+          EXPECT_TRUE(to->holds(*t)) << p.name;
+          ++k;
         }
       }
+      EXPECT_EQ(k, want.size());
+      // Still one buffer for the values and one for the moments.
+      EXPECT_EQ(model::flat_values(*moved).data_ptr(),
+                moved->parameters().front().value.data_ptr());
+      EXPECT_EQ(model::flat_moments(*moved).data_ptr(),
+                moved->parameters().front().exp_avg.data_ptr());
     }
 }
 
-TEST(runtime_migration, a_moved_layer_is_charged_to_its_new_chip_only) {
+TEST(runtime_migration, state_held_elsewhere_is_copied_once_to_the_new_chip) {
   auto job = three_chips();
   const auto& cfg = job->model;
-  auto device_of = [&](int index) {
-    return devices::make_device(
-      *job->find_chip(chip_id{0, index}), job->emulation,
-      devices::chip_clock(job->emulation.clock,
-                          devices::chip_clock::wall_clock::now()),
-      1);
-  };
-  auto from = device_of(0), to = device_of(1);
-  const auto from_empty = from->usage().used, to_empty = to->usage().used;
-  std::unique_ptr<model::layer> original, moved;
-  at::Tensor message;
+  auto from = chip_of(*job, 0), to = chip_of(*job, 1);
+  // Before the first update: values, and an empty message for the moments.
+  std::unique_ptr<model::layer> original;
   {
     devices::thread_binding bind(*from);
     original = model::make_layer(cfg, 2, 7, from->torch_device());
-    message = runtime::pack_layer(*original);
-    original.reset(); // the sender lets go of the layer
   }
+  const auto from_used = from->usage().used, to_empty = to->usage().used;
+  const auto values = model::flat_values(*original); // held elsewhere too
+  const auto params = original->parameters().size();
+  auto state = runtime::give_up_layer(std::move(original));
+  ASSERT_EQ(state.size(), 2u);
+  EXPECT_FALSE(state[1].defined());
+  std::unique_ptr<model::layer> moved;
   {
     devices::thread_binding bind(*to);
-    moved = runtime::unpack_layer(cfg, 2, message, to->torch_device());
+    moved =
+      runtime::take_over_layer(cfg, 2, messages_of(std::move(state)), *to);
   }
-  message = at::Tensor(); // the message is gone
-  EXPECT_EQ(from->usage().used, from_empty) << "the sender still pays";
-  EXPECT_GE(to->usage().used - to_empty,
+  // The sender still holds its values, and pays for them; the receiver
+  // pays for its copy.
+  EXPECT_EQ(from->usage().used, from_used);
+  EXPECT_EQ(to->usage().used - to_empty,
             static_cast<std::uint64_t>(layer_parameters(cfg, 2)) * 4);
-  for (const auto& p : moved->parameters())
+  ASSERT_EQ(moved->parameters().size(), params);
+  const auto got = model::flat_values(*moved);
+  EXPECT_NE(got.data_ptr(), values.data_ptr());
+  EXPECT_TRUE(at::equal(got, values));
+  for (const auto& p : moved->parameters()) {
     EXPECT_TRUE(to->holds(p.value)) << p.name;
+    EXPECT_FALSE(p.exp_avg.defined()) << p.name;
+  }
 }
 
 TEST(runtime_migration, a_state_that_is_not_the_layers_is_refused) {
   auto job = three_chips();
   const auto& cfg = job->model;
+  auto from = chip_of(*job, 0), to = chip_of(*job, 1);
+  const auto good = [&] {
+    return messages_of(runtime::give_up_layer(updated_layer(*job, 1, *from)));
+  };
   const auto n = layer_parameters(cfg, 1);
-  for (const auto& bad : {at::zeros({n + 1}), at::zeros({2 * n}),
-                          at::zeros({n}, at::kDouble), at::zeros({3, n})}) {
+  const auto values = std::to_string(n) + " contiguous fp32 values expected";
+  std::vector<std::pair<std::vector<transport::message>, std::string>> cases;
+  auto shorter = good();
+  shorter.pop_back();
+  cases.emplace_back(std::move(shorter),
+                     "layer 1: 2 messages of its state expected, 1 came");
+  auto longer = good();
+  longer[0].tensor = at::zeros({n + 1});
+  cases.emplace_back(std::move(longer), "layer 1, its values: " + values +
+                                          ", got [" + std::to_string(n + 1) +
+                                          "] of Float");
+  auto wrong_type = good();
+  wrong_type[0].tensor = at::zeros({n}, at::kDouble);
+  cases.emplace_back(std::move(wrong_type), "of Double");
+  auto two_d = good();
+  two_d[0].tensor = at::zeros({1, n});
+  cases.emplace_back(std::move(two_d), "got [1, " + std::to_string(n) + "]");
+  auto bytes = good();
+  bytes[0].tensor = at::Tensor();
+  bytes[0].bytes.resize(5);
+  cases.emplace_back(std::move(bytes), "got a message of 5 bytes");
+  auto one_moment = good();
+  one_moment[1].tensor = at::zeros({n});
+  cases.emplace_back(std::move(one_moment),
+                     "layer 1, its AdamW moments: " + std::to_string(2 * n) +
+                       " contiguous fp32 values expected");
+  devices::thread_binding bind(*to);
+  for (auto& [messages, want] : cases) {
     try {
-      runtime::unpack_layer(cfg, 1, bad);
-      ADD_FAILURE() << "accepted " << bad.sizes();
+      runtime::take_over_layer(cfg, 1, std::move(messages), *to);
+      ADD_FAILURE() << "accepted a state that should contain: " << want;
     } catch (const runtime::checkpoint_error& e) {
-      EXPECT_NE(std::string(e.what()).find("layer 1: a moved state of " +
-                                           std::to_string(n)),
-                std::string::npos)
+      EXPECT_NE(std::string(e.what()).find(want), std::string::npos)
         << e.what();
     }
   }

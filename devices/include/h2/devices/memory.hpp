@@ -89,9 +89,11 @@ at::Tensor adopt(const at::Tensor& tensor,
 /// process's charged host memory (accounting allocator or adopt()): true
 /// then, the storage now charged to `account` alone until freed. False,
 /// changing nothing, otherwise (someone else still holds it, a shm block,
-/// another device's memory): the caller copies instead. Throws
-/// device_error(out_of_memory) when `account` cannot hold it (nothing
-/// changes then).
+/// another device's memory): the caller copies instead. A null `account`
+/// charges it to nobody: how the giver lets go of it before sending it, so
+/// that its own account drops at once and not when the taker takes it.
+/// Throws device_error(out_of_memory) when `account` cannot hold it
+/// (nothing changes then).
 bool move_charge(const at::Tensor& tensor,
                  const std::shared_ptr<memory_account>& account);
 

@@ -25,8 +25,10 @@ struct initial_weights {
   /// A seed draws: the implicit conversion keeps make_layer(cfg, i, seed).
   initial_weights(std::uint64_t s) noexcept : seed(s) {} // NOLINT
   /// The parameters are `values` itself, a flat fp32 tensor of the
-  /// layer's parameter count: each parameter's tensor aliases the next
-  /// elements of it, in the order the layer lists them (no copy).
+  /// layer's parameter count on the layer's device: each parameter's
+  /// tensor aliases the next elements of it, in the order the layer lists
+  /// them (no copy), as a drawn layer's alias the buffer make_layer()
+  /// allocates.
   static initial_weights over(at::Tensor values) {
     initial_weights w(0);
     w.values = std::move(values);
@@ -112,10 +114,23 @@ at::Tensor head_logits(const layer& head, const at::Tensor& input);
 /// Builds global layer `index` of `cfg` on `device` with weights drawn
 /// from (seed, index) on the host: the same bits on every device; or, for
 /// initial_weights::over(), over the given values (which must live on
-/// `device`). Host tensors are allocated on the calling thread (and so are
-/// charged to the chip bound to it).
+/// `device`). Either way the parameters' values are slices of one flat
+/// buffer, in order (flat_values()). Host tensors are allocated on the calling
+/// thread (and so are charged to the chip bound to it).
 std::unique_ptr<layer> make_layer(const gpt_config& cfg, int index,
                                   initial_weights seed,
                                   c10::Device device = c10::kCPU);
+
+/// `l`'s parameters' values as one flat fp32 tensor, in the order l lists
+/// them: the buffer they live in, when they are its slices in order (as
+/// make_layer() makes them; no copy), else a packed copy. Not requiring
+/// grad.
+at::Tensor flat_values(const layer& l);
+
+/// `l`'s AdamW moments likewise, each parameter's exp_avg then its
+/// exp_avg_sq (make_moments() puts them so); undefined before the
+/// optimizer has run. Throws h2::internal_error for ZeRO-1's shares or for
+/// moments of some parameters only.
+at::Tensor flat_moments(const layer& l);
 
 } // namespace h2::model

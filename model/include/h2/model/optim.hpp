@@ -42,8 +42,19 @@ double clip_coefficient(double grad_norm, double clip) noexcept;
 /// One AdamW update of every parameter of `l` (PyTorch's AdamW semantics,
 /// decoupled weight decay on `decay` parameters only). `step` is 1-based;
 /// gradients are first multiplied by `grad_scale` (the clip coefficient).
-/// Moments are allocated on first use, on the calling thread.
+/// Moments are allocated on first use: by make_moments() when every
+/// parameter has a gradient, else one by one for those that have one (a
+/// parameter without a gradient is left alone, as PyTorch's AdamW does).
 void adamw_update(layer& l, const train_config& train, double lr, int step,
                   double grad_scale);
+
+/// Gives `l` its AdamW moments: over `flat` when given (flat_moments()'s
+/// order: each parameter's exp_avg then its exp_avg_sq, each of its
+/// parameter's shape, or ZeRO-1's share's length), or zero where it has
+/// none yet. They alias one buffer (`flat` itself, or one allocated on the
+/// calling thread when no parameter has moments), so a moved layer sends
+/// them without packing; parameters that have moments keep them, and the
+/// others then get zero moments of their own.
+void make_moments(layer& l, at::Tensor flat = at::Tensor());
 
 } // namespace h2::model

@@ -7,8 +7,10 @@
 
 #include "h2/core/job.hpp"
 #include "h2/core/plan.hpp"
+#include "h2/devices/device_context.hpp"
 #include "h2/model/layers.hpp"
 #include "h2/scheduler/rebalance.hpp"
+#include "h2/transport/channel.hpp"
 
 #include <ATen/core/Tensor.h>
 
@@ -53,23 +55,41 @@ struct migration {
 /// state (ZeRO-1 shards a layer's moments by plan-dependent rings).
 migration migration_of(const job_config& job, const plan& from, const plan& to);
 
+/// Chip `chip`'s part of migration_of(job, from, to), without its checks
+/// and route: what a chip works out once the scheduler has chosen the route
+/// chip to chip (a layer to a peer it has no channel to still fails there,
+/// naming both chips).
+chip_migration chip_part_of(const job_config& job, const plan& from,
+                            const plan& to, const chip_id& chip);
+
 /// The channel tag of layer `layer`'s state moving before step `step`.
 std::uint64_t layer_move_tag(std::int64_t step, int layer);
 
-/// `l`'s state as one flat fp32 tensor on its device: each parameter's
-/// values, then, once the optimizer has run, each one's first and second
-/// AdamW moment (l's parameters in order). Throws h2::internal_error for a
-/// parameter with sharded moments.
-at::Tensor pack_layer(const model::layer& l);
+/// Gives layer `l` up to move it: its state as the moved_state_messages
+/// messages that carry it, its values (model::flat_values), then both AdamW
+/// moments of each parameter (model::flat_moments), undefined before the
+/// optimizer has run (sent as an empty message). Each a flat fp32 tensor,
+/// the very buffer the layer lived in where it was one (make_layer's and
+/// make_moments' layout: no copy). `l` is gone first, so each message is its
+/// buffer's one holder (in one process the receiver takes it over as it
+/// is), and the buffers are charged to no chip until a receiver takes them
+/// (the giver's memory drops now). Throws h2::internal_error for sharded
+/// moments.
+std::vector<at::Tensor> give_up_layer(std::unique_ptr<model::layer> l);
 
-/// Layer `index` of `cfg` on `device` from a received pack_layer() tensor
-/// of it: one copy into a buffer allocated on the calling thread (so
-/// charged to the chip bound to it), which the layer's parameters and
-/// moments then alias. Throws checkpoint_error(mismatch) naming the layer
-/// when `received` is not an fp32 vector of the layer's values (with or
-/// without both moments).
-std::unique_ptr<model::layer> unpack_layer(const gpt_config& cfg, int index,
-                                           const at::Tensor& received,
-                                           c10::Device device = c10::kCPU);
+/// How many messages carry a moved layer's state.
+inline constexpr std::size_t moved_state_messages = 2;
+
+/// Layer `index` of `cfg` on `device` from its give_up_layer() messages, in
+/// order. Each becomes the chip's own by device.own() (called on a thread
+/// bound to it): in one process the sender's buffer itself, its charge
+/// moved, no copy; otherwise one copy. The layer's parameters and moments
+/// alias those buffers, nothing is drawn. Throws
+/// checkpoint_error(mismatch) naming the layer when the messages are not
+/// its state (another count of values, another type, too few messages).
+std::unique_ptr<model::layer>
+take_over_layer(const gpt_config& cfg, int index,
+                std::vector<transport::message> received,
+                const devices::device_context& device);
 
 } // namespace h2::runtime
