@@ -8,6 +8,7 @@
 #include "h2/model/optim.hpp"
 #include "h2/runtime/migration.hpp"
 #include "h2/runtime/safetensors.hpp"
+#include "h2/transport/inproc/backend.hpp"
 #include "test_jobs.hpp"
 
 #include <ATen/ops/ones.h>
@@ -15,6 +16,9 @@
 #include <ATen/ops/zeros.h>
 
 #include <gtest/gtest.h>
+
+#include <chrono>
+#include <thread>
 
 namespace h2::test {
 namespace {
@@ -174,6 +178,50 @@ TEST(runtime_migration, in_one_process_a_moved_layer_keeps_its_memory) {
       EXPECT_EQ(model::flat_moments(*moved).data_ptr(),
                 moved->parameters().front().exp_avg.data_ptr());
     }
+}
+
+TEST(runtime_migration, a_layer_handed_between_chip_threads_moves_its_charge) {
+  // The route of a live re-plan in one process: the giver's thread sends,
+  // the taker's thread receives over an inproc channel (run under TSan).
+  auto job = three_chips();
+  const auto& cfg = job->model;
+  auto from = chip_of(*job, 0), to = chip_of(*job, 1);
+  const auto from_empty = from->usage().used, to_empty = to->usage().used;
+  auto [giver, taker] = transport::inproc::make_pair();
+  const auto tag = runtime::layer_move_tag(3, 2);
+  std::vector<transport::pending_message> parts;
+  for (std::size_t k = 0; k < runtime::moved_state_messages; ++k)
+    parts.push_back(taker->recv_async(tag));
+  std::unique_ptr<model::layer> moved;
+  std::thread receiver([&] {
+    devices::thread_binding bind(*to);
+    std::vector<transport::message> state(parts.size());
+    for (std::size_t k = parts.size(); k-- > 0;)
+      state[k] = parts[k].get(std::chrono::seconds(30));
+    moved = runtime::take_over_layer(cfg, 2, std::move(state), *to);
+  });
+  const void* sent = nullptr;
+  std::thread sender([&, &giver = giver] {
+    auto state = runtime::give_up_layer(updated_layer(*job, 2, *from));
+    sent = state[0].data_ptr();
+    for (auto& t : state) {
+      transport::message m;
+      m.tag = tag;
+      m.tensor = std::move(t);
+      giver->send(std::move(m));
+    }
+  });
+  sender.join();
+  receiver.join();
+  ASSERT_NE(moved, nullptr);
+  EXPECT_EQ(model::flat_values(*moved).data_ptr(), sent); // not copied
+  EXPECT_EQ(from->usage().used, from_empty);
+  EXPECT_EQ(to->usage().used - to_empty,
+            static_cast<std::uint64_t>(layer_parameters(cfg, 2)) * 12);
+  for (const auto& p : moved->parameters())
+    EXPECT_TRUE(to->holds(p.value) && to->holds(p.exp_avg)) << p.name;
+  moved.reset();
+  EXPECT_EQ(to->usage().used, to_empty);
 }
 
 TEST(runtime_migration, state_held_elsewhere_is_copied_once_to_the_new_chip) {
