@@ -8,8 +8,6 @@
 
 #include <ATen/core/grad_mode.h>
 #include <ATen/ops/from_blob.h>
-#include <ATen/ops/zeros.h>
-#include <ATen/ops/zeros_like.h>
 
 #include <cstring>
 
