@@ -4,6 +4,7 @@
 #include "h2/devices/bf16_gemm.hpp"
 #include "h2/devices/torch_compat.hpp"
 
+#include <ATen/autocast_mode.h>
 #include <ATen/core/grad_mode.h>
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/autograd/function.h>
@@ -56,6 +57,21 @@ private:
   compute_state previous_;
 };
 
+/// Turns autocast's cache of cast weights off for its lifetime: the casts
+/// are the same, they are only not kept.
+class uncached_casts {
+public:
+  uncached_casts() : previous_(at::autocast::is_autocast_cache_enabled()) {
+    at::autocast::set_autocast_cache_enabled(false);
+  }
+  ~uncached_casts() { at::autocast::set_autocast_cache_enabled(previous_); }
+  uncached_casts(const uncached_casts&) = delete;
+  uncached_casts& operator=(const uncached_casts&) = delete;
+
+private:
+  bool previous_;
+};
+
 using piece_function =
   std::function<at::Tensor(const std::vector<at::Tensor>&)>;
 
@@ -105,6 +121,10 @@ at::Tensor recomputed(piece_function piece, std::vector<at::Tensor> inputs) {
   at::Tensor output;
   {
     at::NoGradGuard no_grad;
+    // Autocast would keep the piece's casts of its weights (bf16 copies)
+    // until the stage's forward ends, though the piece keeps nothing and its
+    // backward casts again.
+    uncached_casts uncached;
     output = piece(inputs);
   }
   std::vector<at::Tensor> kept;

@@ -14,6 +14,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <map>
@@ -229,6 +230,38 @@ void check_two_replica_plans(const job_config& job, int count) {
 
 TEST(actors_prediction, replicas_match_the_simulator) {
   check_two_replica_plans(example("hetero-4.toml"), 2);
+}
+
+// Whole blocks recomputed in bf16 on chips packed to their last percent:
+// the Ascend 910B of examples/twin-1024.toml alone (8 stages, most of their
+// blocks recomputed, headroom under 1%). Their forwards once kept every
+// recomputed block's bf16 weight copies in autocast's cache until the
+// stage's forward ended, over the predicted peak: the plan ran out of memory
+// at its second step (docs/benchmarks.md, "The wall-clock twin").
+TEST(actors_prediction, packed_recomputation_stays_within_the_predicted_peak) {
+  job_config job = example("twin-1024.toml");
+  node_spec ascend = job.nodes.back();
+  ASSERT_EQ(ascend.chips.front().device, "emulated:twin-ascend-910b");
+  ascend.rank = 0;
+  job.plan.stages.clear();
+  for (auto& c : ascend.chips) {
+    c.id.node = 0;
+    job.plan.stages.push_back(c.id);
+  }
+  job.nodes = {ascend};
+  job.train.global_batch = 16; // two sequences per chip, as in the twin
+  runtime::profiled_measurements m(job);
+  scheduler::planner pl(job, m);
+  const auto best = pl.run();
+  int whole_blocks = 0;
+  double fullest = 0;
+  for (const auto& st : best.report.replicas.at(0).stages) {
+    whole_blocks += st.recompute.blocks;
+    fullest = std::max(fullest, st.peak_bytes / st.capacity_bytes);
+  }
+  EXPECT_GE(whole_blocks, 32) << best.report.shape;
+  EXPECT_GE(fullest, 0.99) << "the plan is packed";
+  run_and_compare(job, best.value, best.report, 1e-6);
 }
 
 // ZeRO-1: the reduce-scatter ends the phase, each chip updates its share
