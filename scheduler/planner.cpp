@@ -282,6 +282,8 @@ std::string plan_report::explain() const {
       << seconds_text(optimizer_seconds) << "\n";
   if (idle_chips > 0)
     out << "idle: " << idle_reason << "\n";
+  if (!zero1_reason.empty())
+    out << "ZeRO-1: " << zero1_reason << "\n";
   if (candidates > 0)
     out << "search: " << candidates << " layouts, " << simulations
         << " simulations, " << measurements << " measurements; "

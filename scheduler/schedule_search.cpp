@@ -6,6 +6,9 @@
 #include "h2/scheduler/planner.hpp"
 
 #include <algorithm>
+#include <cstdio>
+#include <optional>
+#include <string>
 
 namespace h2::scheduler {
 
@@ -242,9 +245,16 @@ planned plan_zb_hetero(const job_config& job, chip_measurements& measurements,
   return best;
 }
 
-/// One schedule's plan.
-planned plan_one(const job_config& job, chip_measurements& measurements,
-                 const planner_options& options) {
+/// "2.5%" for 0.025.
+std::string percent_text(double fraction) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.1f%%", 100.0 * fraction);
+  return text;
+}
+
+/// One schedule's plan, with the job's ZeRO-1 setting.
+planned plan_schedule(const job_config& job, chip_measurements& measurements,
+                      const planner_options& options) {
   switch (options.schedule.value_or(job.plan.schedule)) {
     case schedule_kind::interleaved_1f1b:
       return plan_interleaved(job, measurements, options);
@@ -257,6 +267,44 @@ planned plan_one(const job_config& job, chip_measurements& measurements,
   }
   planner p(job, measurements, options);
   return p.run();
+}
+
+/// One schedule's plan. ZeRO-1 is a lever: with reductions in another
+/// dtype than fp32 its parameter all-gather (fp32) moves more bytes than
+/// the all-reduce's second half, so the plan without it is planned too and
+/// the faster kept; with fp32 reductions it moves the same bytes and saves
+/// memory and update time, and is kept (docs/planner.md, "Sharded optimizer
+/// state").
+planned plan_one(const job_config& job, chip_measurements& measurements,
+                 const planner_options& options) {
+  planned best = plan_schedule(job, measurements, options);
+  if (!best.value.zero1 || job.transport.reduce_dtype == dtype::fp32)
+    return best;
+  job_config unsharded = job;
+  unsharded.plan.zero1 = false;
+  planner_options quiet = options; // no change to suggest if none fits
+  quiet.suggest_changes = false;
+  std::optional<planned> other;
+  try {
+    other = plan_schedule(unsharded, measurements, quiet);
+  } catch (const infeasible_error&) {
+  }
+  const double sharded_step = best.report.step_seconds;
+  if (other && other->report.step_seconds < sharded_step * (1 - 1e-9)) {
+    other->report.zero1_reason =
+      "off: the plan without it is predicted " +
+      percent_text(sharded_step / other->report.step_seconds - 1) +
+      " faster (its fp32 parameter all-gather moves more than the " +
+      std::string(to_string(job.transport.reduce_dtype)) +
+      " all-reduce it replaces)";
+    return std::move(*other);
+  }
+  best.report.zero1_reason =
+    other ? "on: the plan without it is predicted " +
+              percent_text(other->report.step_seconds / sharded_step - 1) +
+              " slower"
+          : std::string("on: no plan without it fits");
+  return best;
 }
 
 } // namespace

@@ -9,8 +9,10 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include <fstream>
 #include <set>
 #include <sstream>
+#include <utility>
 
 namespace h2::test {
 namespace {
@@ -183,6 +185,33 @@ TEST(apps_plan_cli, schedule_auto_keeps_the_fastest) {
     << "the plan's schedule is not " << fastest << ":\n"
     << r.out;
   EXPECT_NE(r.out.find(" 1.000\n", row), std::string::npos) << r.out;
+}
+
+// With bf16 reductions ZeRO-1 is weighed against the plan without it: on
+// the islands (memory to spare) the unsharded plan is faster, on the
+// memory-bound superlinear example the sharded one (docs/planner.md,
+// "Sharded optimizer state").
+TEST(apps_plan_cli, zero1_is_weighed_with_bf16_reductions) {
+  scratch_dir dir;
+  for (const auto& [name, verdict] :
+       {std::pair{"hetero-islands.toml", "ZeRO-1: off: "},
+        std::pair{"superlinear.toml", "ZeRO-1: on: "}}) {
+    SCOPED_TRACE(name);
+    std::ifstream in(std::string(H2_SOURCE_DIR) + "/examples/" + name);
+    std::stringstream text;
+    text << in.rdbuf();
+    std::string toml = text.str();
+    const auto plan = toml.find("[plan]\n");
+    ASSERT_NE(plan, std::string::npos);
+    toml.insert(plan + 7, "zero1 = true\n");
+    toml += "\n[transport]\nreduce_dtype = \"bf16\"\n";
+    auto r = run_plan(dir, {dir.write("job.toml", toml).string()});
+    ASSERT_EQ(r.status.code, 0) << r.err;
+    EXPECT_NE(r.out.find(verdict), std::string::npos) << r.out;
+    EXPECT_EQ(r.out.find("(ZeRO-1)") != std::string::npos,
+              std::string(verdict) == "ZeRO-1: on: ")
+      << r.out;
+  }
 }
 
 struct bad_plan_case {

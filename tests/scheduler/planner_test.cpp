@@ -260,6 +260,48 @@ TEST(scheduler_planner, deal_chunks_keeps_each_chips_layers) {
   EXPECT_FALSE(scheduler::deal_chunks(p, 5).has_value()); // 8 layers < 10
 }
 
+// ZeRO-1 is weighed, not assumed, where it can lose: with bf16 reductions
+// its fp32 parameter all-gather moves more bytes than the all-reduce's
+// second half, so plan_auto plans with and without it and keeps the faster
+// (sharded on a tie: it needs less memory). With fp32 reductions it is kept.
+TEST(scheduler_planner, zero1_is_kept_only_where_it_is_faster) {
+  std::map<bool, int> kept;
+  for (const char* name :
+       {"hetero-islands.toml", "superlinear.toml", "demo.toml"}) {
+    SCOPED_TRACE(name);
+    auto job = load_job_file(std::string(H2_SOURCE_DIR) + "/examples/" + name);
+    job.plan.zero1 = true;
+    job.plan.search_schedule = false;
+    job.transport.reduce_dtype = dtype::bf16;
+    synthetic_measurements m(job, 7);
+    planner_options o;
+    o.suggest_changes = false;
+    const auto sharded = planner(job, m, o).run();
+    if (!sharded.value.zero1)
+      continue; // one replica: nothing to shard
+    auto unsharded_job = job;
+    unsharded_job.plan.zero1 = false;
+    const auto unsharded = planner(unsharded_job, m, o).run();
+    const auto chosen = scheduler::plan_auto(job, m, o);
+    const bool on =
+      sharded.report.step_seconds <= unsharded.report.step_seconds;
+    EXPECT_EQ(chosen.value.zero1, on);
+    EXPECT_DOUBLE_EQ(
+      chosen.report.step_seconds,
+      std::min(sharded.report.step_seconds, unsharded.report.step_seconds));
+    EXPECT_EQ(chosen.report.zero1_reason.rfind(on ? "on: " : "off: ", 0), 0u)
+      << chosen.report.zero1_reason;
+    EXPECT_NE(chosen.report.explain().find("ZeRO-1: "), std::string::npos);
+    ++kept[on];
+    job.transport.reduce_dtype = dtype::fp32;
+    const auto fp32 = scheduler::plan_auto(job, m, o);
+    EXPECT_TRUE(fp32.report.zero1_reason.empty());
+  }
+  EXPECT_GE(kept[true] + kept[false], 2) << "examples with replicas";
+  std::printf("[ info ] ZeRO-1 kept on %d, dropped on %d examples\n",
+              kept[true], kept[false]);
+}
+
 TEST(scheduler_planner, interleaved_deals_the_1f1b_plans_layers_into_chunks) {
   int checked = 0;
   for (const char* name : {"hetero-4.toml", "hetero-islands.toml",

@@ -132,6 +132,9 @@ struct plan_report {
   /// slower, or none fits.
   int idle_chips = 0;
   std::string idle_reason;
+  /// Whether ZeRO-1 was weighed against the plan without it, and the
+  /// outcome ("on: ..." or "off: ..."; plan_auto with bf16 reductions).
+  std::string zero1_reason;
   /// The step of the best plan that uses every chip, when chips are idle
   /// (0: none fits).
   double all_chips_step_seconds = 0;
