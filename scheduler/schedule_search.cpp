@@ -278,7 +278,9 @@ planned plan_schedule(const job_config& job, chip_measurements& measurements,
 planned plan_one(const job_config& job, chip_measurements& measurements,
                  const planner_options& options) {
   planned best = plan_schedule(job, measurements, options);
-  if (!best.value.zero1 || job.transport.reduce_dtype == dtype::fp32)
+  // Also when the sharded search chose one replica: replicas without
+  // ZeRO-1 may beat it.
+  if (!job.plan.zero1 || job.transport.reduce_dtype == dtype::fp32)
     return best;
   job_config unsharded = job;
   unsharded.plan.zero1 = false;
@@ -290,7 +292,10 @@ planned plan_one(const job_config& job, chip_measurements& measurements,
   } catch (const infeasible_error&) {
   }
   const double sharded_step = best.report.step_seconds;
+  const std::size_t simulations =
+    best.report.simulations + (other ? other->report.simulations : 0);
   if (other && other->report.step_seconds < sharded_step * (1 - 1e-9)) {
+    other->report.simulations = simulations;
     other->report.zero1_reason =
       "off: the plan without it is predicted " +
       percent_text(sharded_step / other->report.step_seconds - 1) +
@@ -299,6 +304,9 @@ planned plan_one(const job_config& job, chip_measurements& measurements,
       " all-reduce it replaces)";
     return std::move(*other);
   }
+  best.report.simulations = simulations;
+  if (!best.value.zero1)
+    return best; // one replica either way: nothing was sharded
   best.report.zero1_reason =
     other ? "on: the plan without it is predicted " +
               percent_text(other->report.step_seconds / sharded_step - 1) +

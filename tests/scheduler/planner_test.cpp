@@ -295,6 +295,7 @@ TEST(scheduler_planner, zero1_is_kept_only_where_it_is_faster) {
     ++kept[on];
     job.transport.reduce_dtype = dtype::fp32;
     const auto fp32 = scheduler::plan_auto(job, m, o);
+    EXPECT_TRUE(fp32.value.zero1);
     EXPECT_TRUE(fp32.report.zero1_reason.empty());
   }
   EXPECT_GE(kept[true] + kept[false], 2) << "examples with replicas";
