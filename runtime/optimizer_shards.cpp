@@ -7,25 +7,6 @@
 
 namespace h2::runtime {
 
-std::vector<gradient_bucket>
-cut_buckets(const std::vector<std::int64_t>& numels,
-            std::uint64_t bucket_bytes) {
-  std::vector<gradient_bucket> out;
-  for (std::size_t i = 0; i < numels.size();) {
-    gradient_bucket b{i, i, 0};
-    std::uint64_t bytes = 0;
-    do {
-      bytes += static_cast<std::uint64_t>(numels[i]) * 4;
-      b.numel += numels[i];
-      ++i;
-    } while (i < numels.size() &&
-             bytes + static_cast<std::uint64_t>(numels[i]) * 4 <= bucket_bytes);
-    b.end = i;
-    out.push_back(b);
-  }
-  return out;
-}
-
 std::vector<parameter_share>
 owned_shares(const std::vector<std::int64_t>& numels,
              std::uint64_t bucket_bytes, int rank, int size) {

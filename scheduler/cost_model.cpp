@@ -1,6 +1,7 @@
 #include "h2/scheduler/cost_model.hpp"
 
 #include "h2/core/error.hpp"
+#include "h2/scheduler/buckets.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -383,22 +384,32 @@ cost_model::ring_links(const std::vector<const chip_spec*>& ring) const {
   return out;
 }
 
+std::vector<gradient_bucket>
+cut_buckets(const std::vector<std::int64_t>& numels,
+            std::uint64_t bucket_bytes) {
+  std::vector<gradient_bucket> out;
+  for (std::size_t i = 0; i < numels.size();) {
+    gradient_bucket b{i, i, 0};
+    std::uint64_t bytes = 0;
+    do {
+      bytes += static_cast<std::uint64_t>(numels[i]) * 4;
+      b.numel += numels[i];
+      ++i;
+    } while (i < numels.size() &&
+             bytes + static_cast<std::uint64_t>(numels[i]) * 4 <= bucket_bytes);
+    b.end = i;
+    out.push_back(b);
+  }
+  return out;
+}
+
 std::vector<double> cost_model::buckets(const stage_layers& layers) const {
   const auto& cfg = job_->model;
-  const double limit = static_cast<double>(job_->transport.bucket_bytes);
-  std::vector<double> out;
-  double open = -1; // bytes of the open bucket; -1: none
+  std::vector<std::int64_t> numels;
+  numels.reserve(16 * (static_cast<std::size_t>(layers.blocks) + 2));
   auto add = [&](layer_kind kind) {
-    for (std::int64_t n : parameter_tensors(cfg, kind)) {
-      const double b = 4.0 * static_cast<double>(n);
-      if (open >= 0 && open + b <= limit) {
-        open += b;
-        continue;
-      }
-      if (open >= 0)
-        out.push_back(open);
-      open = b;
-    }
+    for (std::int64_t n : parameter_tensors(cfg, kind))
+      numels.push_back(n);
   };
   if (layers.embedding)
     add(layer_kind::embedding);
@@ -406,8 +417,9 @@ std::vector<double> cost_model::buckets(const stage_layers& layers) const {
     add(layer_kind::block);
   if (layers.head)
     add(layer_kind::head);
-  if (open >= 0)
-    out.push_back(open);
+  std::vector<double> out;
+  for (const auto& b : cut_buckets(numels, job_->transport.bucket_bytes))
+    out.push_back(4.0 * static_cast<double>(b.numel));
   return out;
 }
 

@@ -5,26 +5,17 @@
 // same parameter sizes.
 #pragma once
 
+#include "h2/scheduler/buckets.hpp"
+
 #include <cstdint>
 #include <vector>
 
 namespace h2::runtime {
 
-/// Parameters [first, end) of a group's list, reduced as one flat tensor
-/// of `numel` elements.
-struct gradient_bucket {
-  std::size_t first = 0;
-  std::size_t end = 0;
-  std::int64_t numel = 0;
-};
-
-/// The buckets of parameters of `numels` elements, in order: whole tensors,
-/// a bucket closed before it would exceed `bucket_bytes` of fp32 (a tensor
-/// larger than that is a bucket of its own). What the all-reduce and
-/// ZeRO-1 both cut.
-std::vector<gradient_bucket>
-cut_buckets(const std::vector<std::int64_t>& numels,
-            std::uint64_t bucket_bytes);
+/// What the all-reduce and ZeRO-1 both cut (the cost model prices the
+/// same buckets).
+using scheduler::cut_buckets;
+using scheduler::gradient_bucket;
 
 /// Elements [offset, offset + length) of one parameter, flattened.
 struct parameter_share {

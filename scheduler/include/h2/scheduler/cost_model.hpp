@@ -195,9 +195,9 @@ public:
   std::vector<link_figures>
   ring_links(const std::vector<const chip_spec*>& ring) const;
 
-  /// The fp32 gradient bytes of each all-reduce bucket of `layers`, as the
-  /// runtime cuts them: whole parameter tensors in the model's order, a
-  /// bucket closed before it would exceed transport.bucket_bytes.
+  /// The fp32 gradient bytes of each all-reduce bucket of `layers`, cut as
+  /// the runtime cuts them (cut_buckets, scheduler/buckets.hpp): whole
+  /// parameter tensors in the model's order.
   std::vector<double> buckets(const stage_layers& layers) const;
 
   /// Seconds of the all-reduce of `buckets` (fp32 bytes) over a ring with
