@@ -12,12 +12,14 @@
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
+#include <ATen/autocast_mode.h>
 #include <torch/csrc/autograd/function.h>
 
 #include <gtest/gtest.h>
 
 #include <cstring>
 #include <optional>
+#include <stdexcept>
 #include <vector>
 
 namespace h2::model {
@@ -137,6 +139,31 @@ TEST(model_recompute, recomputation_keeps_only_the_inputs) {
   // Without grad mode it is the plain forward.
   at::NoGradGuard no_grad;
   EXPECT_FALSE(s.forward(in, batch(c, 0)).grad_fn());
+}
+
+// A recomputed piece's first forward runs with autocast's cast cache off
+// (it keeps nothing, so cached bf16 weight copies would only hold memory
+// until the stage's forward ends); its backward's run, and everything after
+// it, caches as before, also when the piece throws.
+TEST(model_recompute, the_first_run_caches_no_casts) {
+  bf16_autocast scope;
+  auto w = at::randn({4, 4}).requires_grad_(true);
+  auto x = at::randn({2, 4}).requires_grad_(true);
+  std::vector<bool> caching;
+  auto piece = [&](const std::vector<at::Tensor>& in) {
+    caching.push_back(at::autocast::is_autocast_cache_enabled());
+    return at::matmul(in[0], w).sum(1);
+  };
+  auto y = recomputed(piece, {x});
+  EXPECT_TRUE(at::autocast::is_autocast_cache_enabled());
+  y.sum().backward();
+  EXPECT_EQ(caching, (std::vector<bool>{false, true}));
+  EXPECT_TRUE(w.grad().defined());
+  auto throwing = [](const std::vector<at::Tensor>&) -> at::Tensor {
+    throw std::runtime_error("piece failed");
+  };
+  EXPECT_THROW(recomputed(throwing, {x}), std::runtime_error);
+  EXPECT_TRUE(at::autocast::is_autocast_cache_enabled());
 }
 
 } // namespace recompute_cases
