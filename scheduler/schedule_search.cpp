@@ -18,6 +18,22 @@ namespace {
 /// (each round simulates 2 (n - 1) moves).
 constexpr int max_climbed = 16;
 
+/// A plan built from `base` (its chips given several chunks, its
+/// boundaries moved) keeps what base's stage-1 search found: the layouts,
+/// the shape in words, the chips left idle and why, the ranking. The
+/// simulator's report of the new plan knows none of it. Best found, not
+/// proven optimal.
+void keep_search(const plan_report& base, plan_report& rebuilt) {
+  rebuilt.candidates = base.candidates;
+  rebuilt.measurements = std::max(rebuilt.measurements, base.measurements);
+  rebuilt.shape = base.shape;
+  rebuilt.idle_chips = base.idle_chips;
+  rebuilt.idle_reason = base.idle_reason;
+  rebuilt.all_chips_step_seconds = base.all_chips_step_seconds;
+  rebuilt.ranking = base.ranking;
+  rebuilt.proven_optimal = false;
+}
+
 /// Micro-batch sizes at most `cap`, of those `options` allows.
 std::vector<int> sizes_up_to(int cap, const planner_options& options) {
   std::vector<int> out;
@@ -124,14 +140,12 @@ planned plan_interleaved(const job_config& job, chip_measurements& measurements,
         improve_boundaries(p, planned{std::move(*dealt), std::move(report)});
       if (!best || tried_plan.report.step_seconds < best->report.step_seconds) {
         best = std::move(tried_plan);
-        best->report.candidates = base.report.candidates;
-        best->report.shape = base.report.shape;
+        keep_search(base.report, best->report);
       }
     }
   if (!best)
     throw not_interleaved(job, bases);
   best->report.simulations = simulations + p.simulations();
-  best->report.proven_optimal = false;
   return std::move(*best);
 }
 
@@ -222,9 +236,7 @@ planned plan_zb_hetero(const job_config& job, chip_measurements& measurements,
       auto tried =
         improve_boundaries(p, planned{std::move(q), std::move(report)});
       if (tried.report.step_seconds < best.report.step_seconds * (1 - 1e-9)) {
-        tried.report.proven_optimal = false;
-        tried.report.candidates = best.report.candidates;
-        tried.report.shape = best.report.shape;
+        keep_search(best.report, tried.report);
         best = std::move(tried);
       }
     }
@@ -236,7 +248,7 @@ planned plan_zb_hetero(const job_config& job, chip_measurements& measurements,
       auto tried =
         improve_boundaries(p, planned{std::move(*dealt), std::move(report)});
       if (tried.report.step_seconds < best.report.step_seconds * (1 - 1e-9)) {
-        tried.report.proven_optimal = false;
+        keep_search(best.report, tried.report);
         best = std::move(tried);
       }
     }

@@ -214,6 +214,39 @@ TEST(apps_plan_cli, zero1_is_weighed_with_bf16_reductions) {
   }
 }
 
+// zb-hetero's plan with every chip holding two chunks keeps what stage 1
+// found: the shape in words and the search line (they were lost, and
+// --compare printed an empty "plan:" for this kind alone). The Ascend 910Bs
+// of cluster-1024 alone, as --compare plans them.
+TEST(apps_plan_cli, zb_hetero_chunks_keep_the_search_report) {
+  scratch_dir dir;
+  std::ifstream in(std::string(H2_SOURCE_DIR) + "/examples/cluster-1024.toml");
+  std::stringstream text;
+  text << in.rdbuf();
+  std::string toml = text.str();
+  toml = toml.substr(0, toml.find("\n# nodes 0-31"));
+  for (const auto& [from, to] :
+       {std::pair{"global_batch = 2048", "global_batch = 512"},
+        std::pair{"schedule = \"1f1b\"", "schedule = \"zb-hetero\""}}) {
+    const auto at = toml.find(from);
+    ASSERT_NE(at, std::string::npos) << from;
+    toml.replace(at, std::string(from).size(), to);
+  }
+  toml += "\n[[nodes]]\nrepeat = 32\nchips = [";
+  for (int c = 0; c < 8; ++c)
+    toml += std::string(c ? ", " : "") + "\"emulated:ascend-910b\"";
+  toml += "]\n";
+  auto r = run_plan(dir, {dir.write("job.toml", toml).string()});
+  ASSERT_EQ(r.status.code, 0) << r.err;
+  EXPECT_NE(r.out.find(" 33  0:1 "), std::string::npos)
+    << "chip 0:1 in stages 1 and 33: the case of this test\n"
+    << r.out;
+  EXPECT_NE(r.out.find("shape: 8 replicas 8 x [ascend-910b x32], zb-hetero"),
+            std::string::npos)
+    << r.out;
+  EXPECT_NE(r.out.find("  search: 3 layouts, "), std::string::npos) << r.out;
+}
+
 struct bad_plan_case {
   std::string name;
   std::function<std::vector<std::string>(const scratch_dir&)> args;

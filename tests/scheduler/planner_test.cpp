@@ -337,6 +337,9 @@ TEST(scheduler_planner, interleaved_deals_the_1f1b_plans_layers_into_chunks) {
     EXPECT_GE(v, 2);
     EXPECT_LE(v, 4);
     EXPECT_FALSE(il.report.proven_optimal) << "chunk bounds are not searched";
+    // The stage-1 search the chunks came from stays in the report.
+    EXPECT_FALSE(il.report.shape.empty());
+    EXPECT_GT(il.report.candidates, 0u);
     scheduler::check_plan(il.value, job, "plan");
     // Each chip holds as many layers as HeteroAuto's 1F1B plan of the same
     // micro-batching gave it (the plan may re-plan 1F1B with smaller
