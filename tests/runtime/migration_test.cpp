@@ -9,6 +9,7 @@
 #include "h2/runtime/migration.hpp"
 #include "h2/runtime/safetensors.hpp"
 #include "h2/transport/inproc/backend.hpp"
+#include "layer_fixtures.hpp"
 #include "test_jobs.hpp"
 
 #include <ATen/ops/ones.h>
@@ -94,43 +95,12 @@ chips = ["emulated:h100-sxm", "emulated:h100-sxm"]
             "ZeRO-1 shards the moved layers' optimizer state");
 }
 
-/// A job of `model` on three chips.
-std::shared_ptr<job_config> three_chips_of(const std::string& model) {
-  return std::make_shared<job_config>(parse_job(small_job_toml(5, model) + R"(
-[[nodes]]
-chips = ["emulated:h100-sxm", "emulated:mi250x", "emulated:a100-sxm-80gb"]
-)",
-                                                "family.toml"));
-}
-
-std::unique_ptr<devices::device_context> chip_of(const job_config& job,
-                                                 int index) {
-  return devices::make_device(
-    *job.find_chip(chip_id{0, index}), job.emulation,
-    devices::chip_clock(job.emulation.clock,
-                        devices::chip_clock::wall_clock::now()),
-    1);
-}
-
 /// `state` as the messages that carry it.
 std::vector<transport::message> messages_of(std::vector<at::Tensor> state) {
   std::vector<transport::message> out(state.size());
   for (std::size_t i = 0; i < state.size(); ++i)
     out[i].tensor = std::move(state[i]);
   return out;
-}
-
-/// Layer `index` made and updated once on `chip`, so it has both moments.
-std::unique_ptr<model::layer> updated_layer(const job_config& job, int index,
-                                            devices::device_context& chip) {
-  devices::thread_binding bind(chip);
-  auto l = model::make_layer(job.model, index, 7, chip.torch_device());
-  for (auto& p : l->parameters())
-    p.value.mutable_grad() = at::ones_like(p.value);
-  model::adamw_update(*l, job.train, 1e-3, 1, 1.0);
-  for (auto& p : l->parameters())
-    p.value.mutable_grad() = at::Tensor();
-  return l;
 }
 
 TEST(runtime_migration, in_one_process_a_moved_layer_keeps_its_memory) {
