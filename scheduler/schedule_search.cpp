@@ -34,6 +34,53 @@ void keep_search(const plan_report& base, plan_report& rebuilt) {
   rebuilt.proven_optimal = false;
 }
 
+/// One step up the recomputation a stage of `blocks` transformer blocks
+/// may use under `levels`: the attention cores, then one whole block more,
+/// then the whole stage. False when there is none.
+bool recompute_more(recompute_policy& rc, int blocks, recompute_levels levels) {
+  if (rc.full || levels == recompute_levels::none)
+    return false;
+  const int whole = std::min(rc.blocks, blocks);
+  if (levels == recompute_levels::selective && whole < blocks) {
+    if (!rc.attention)
+      rc.attention = true;
+    else
+      rc.blocks = whole + 1;
+    return true;
+  }
+  rc = recompute_policy::whole();
+  return true;
+}
+
+/// `q` (chips dealt several chunks, or a chip given a second) with the
+/// recomputation of each chip over its memory raised a step at a time
+/// until `q` fits or nothing more can be recomputed: chunks hold more
+/// micro-batches at once than the 1F1B stages they come from, and the
+/// 1F1B plan's recomputation left no room for that. Returns q's report.
+plan_report fit_by_recomputing(planner& p, plan& q, plan_report report,
+                               recompute_levels levels,
+                               const gpt_config& model) {
+  while (!report.fits) {
+    bool raised = false;
+    for (std::size_t r = 0; r < q.replicas.size(); ++r)
+      for (std::size_t s = 0; s < q.replicas[r].stages.size(); ++s) {
+        const auto& predicted = report.replicas[r].stages[s];
+        auto& st = q.replicas[r].stages[s];
+        if (predicted.peak_bytes > predicted.capacity_bytes)
+          raised =
+            recompute_more(
+              st.recompute,
+              stage_layers::of(model, st.first_layer, st.end_layer).blocks,
+              levels) ||
+            raised;
+      }
+    if (!raised)
+      break;
+    report = p.evaluate(q);
+  }
+  return report;
+}
+
 /// Micro-batch sizes at most `cap`, of those `options` allows.
 std::vector<int> sizes_up_to(int cap, const planner_options& options) {
   std::vector<int> out;
@@ -133,7 +180,8 @@ planned plan_interleaved(const job_config& job, chip_measurements& measurements,
                     .empty();
       if (!runs)
         continue; // fewer micro-batches than chips
-      auto report = p.evaluate(*dealt);
+      auto report = fit_by_recomputing(p, *dealt, p.evaluate(*dealt),
+                                       o.recompute, job.model);
       if (!report.fits)
         continue;
       auto tried_plan =
@@ -230,7 +278,8 @@ planned plan_zb_hetero(const job_config& job, chip_measurements& measurements,
       }
       if (st[st.size() - 2].chip == st.back().chip)
         continue; // the last chip's own stage: nothing to gain
-      auto report = p.evaluate(q);
+      auto report =
+        fit_by_recomputing(p, q, p.evaluate(q), options.recompute, job.model);
       if (!report.fits)
         continue;
       auto tried =
@@ -243,7 +292,8 @@ planned plan_zb_hetero(const job_config& job, chip_measurements& measurements,
   }
   // Every chip of two chunks, dealt (ZB-H1's split on interleaved chunks).
   if (auto dealt = deal_chunks(base, 2)) {
-    auto report = p.evaluate(*dealt);
+    auto report = fit_by_recomputing(p, *dealt, p.evaluate(*dealt),
+                                     options.recompute, job.model);
     if (report.fits) {
       auto tried =
         improve_boundaries(p, planned{std::move(*dealt), std::move(report)});

@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include <fstream>
+#include <map>
 #include <set>
 #include <sstream>
 #include <utility>
@@ -245,6 +246,39 @@ TEST(apps_plan_cli, zb_hetero_chunks_keep_the_search_report) {
             std::string::npos)
     << r.out;
   EXPECT_NE(r.out.find("  search: 3 layouts, "), std::string::npos) << r.out;
+}
+
+// The twin's 1F1B plan packs its chips; dealt into two chunks per chip
+// (a deeper warm-up) they fit only recomputing more, which the planner
+// does chip by chip (it found no interleaved plan before).
+TEST(apps_plan_cli, interleaved_chunks_recompute_what_they_need) {
+  scratch_dir dir;
+  const auto job = std::string(H2_SOURCE_DIR) + "/examples/twin-1024.toml";
+  auto base = run_plan(dir, {job, "--schedule", "1f1b", "--json"});
+  auto r = run_plan(dir, {job, "--schedule", "interleaved-1f1b", "--json"});
+  ASSERT_EQ(base.status.code, 0) << base.err;
+  ASSERT_EQ(r.status.code, 0) << r.err;
+  // Per chip, the blocks its stages recompute whole (a whole stage counts
+  // one more than its blocks).
+  auto recomputed = [](const std::string& json) {
+    const plan p = plan_from_json(json, "stdout");
+    std::map<chip_id, int> blocks;
+    for (const auto& rep : p.replicas)
+      for (const auto& s : rep.stages) {
+        const int layers = rep.stages.back().end_layer;
+        const int in = s.num_layers() - (s.first_layer == 0 ? 1 : 0) -
+                       (s.end_layer == layers ? 1 : 0);
+        blocks[s.chip] +=
+          s.recompute.full ? in + 1 : std::min(s.recompute.blocks, in);
+      }
+    return blocks;
+  };
+  const auto before = recomputed(base.out), after = recomputed(r.out);
+  bool more = false;
+  for (const auto& [chip, n] : after)
+    more = more || n > before.at(chip);
+  EXPECT_TRUE(more) << r.out;
+  EXPECT_NE(r.out.find("\"interleaved-1f1b\""), std::string::npos) << r.out;
 }
 
 struct bad_plan_case {
