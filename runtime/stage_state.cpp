@@ -103,13 +103,6 @@ void restore_layer(const devices::device_context& device, model::layer& l,
     by_name.erase(i);
     return t;
   };
-  // Moments come for every parameter of the layer or, before the first
-  // update, for none: a layer restored with some would train the others'
-  // moments from zero, losing state without a word.
-  bool any_moments = false;
-  for (const auto& p : l.parameters())
-    any_moments = any_moments || by_name.count(p.name + exp_avg_suffix) > 0 ||
-                  by_name.count(p.name + exp_avg_sq_suffix) > 0;
   for (auto& p : l.parameters()) {
     const auto* value = take(p.name);
     if (value == nullptr)
@@ -124,12 +117,6 @@ void restore_layer(const devices::device_context& device, model::layer& l,
       throw checkpoint_error(checkpoint_errc::mismatch, "",
                              "layer " + std::to_string(l.index()) + ": " +
                                p.name + " has one AdamW moment of two");
-    if (m1 == nullptr && any_moments)
-      throw checkpoint_error(checkpoint_errc::mismatch, "",
-                             "layer " + std::to_string(l.index()) + ": " +
-                               p.name +
-                               " has no AdamW moments, the layer's other "
-                               "parameters have");
     if (m1 == nullptr) {
       // Before the first update: no moments (the optimizer makes them).
       p.exp_avg = at::Tensor();

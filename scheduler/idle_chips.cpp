@@ -5,7 +5,6 @@
 // says how much slower it is predicted, or that none fits.
 #include "planner_impl.hpp"
 
-#include <cstdio>
 #include <limits>
 #include <map>
 #include <set>
@@ -31,12 +30,6 @@ std::string kinds_text(const std::vector<const chip_spec*>& idle) {
   for (const auto& [name, n] : kinds)
     out += (out.empty() ? "" : ", ") + name + " x" + std::to_string(n);
   return out;
-}
-
-std::string ratio_text(double x) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.3f", x);
-  return buf;
 }
 
 } // namespace
@@ -74,9 +67,8 @@ void explain_idle_chips(planner::impl& im,
     why += "no plan that uses every chip fits";
   else
     why += "the best plan that uses every chip, " + shape + ", is predicted " +
-           seconds_text(step) + " per step (" +
-           ratio_text(step / best.step_seconds) + "x this plan's)";
-  report.idle_reason = why;
+           seconds_text(step) + " per step";
+  report.idle_reason = why; // explain() adds the ratio to this plan's step
 }
 
 } // namespace h2::scheduler

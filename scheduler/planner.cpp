@@ -135,9 +135,11 @@ plan_report planner::impl::report_of(const plan& p, simulation sim) {
       sp.device = chip.device;
       sp.first_layer = st.first_layer;
       sp.end_layer = st.end_layer;
-      sp.recompute = st.recompute;
       stage_cost c = costs.stage(chip, st.first_layer, st.end_layer,
                                  rp.micro_batch_size, st.recompute);
+      // What the stage recomputes: a policy dealt to a chunk may name more
+      // blocks than the chunk holds.
+      sp.recompute = c.recompute;
       sp.forward_seconds = c.forward_seconds;
       sp.backward_seconds = c.backward_seconds;
       sp.compute_seconds = o.forward_seconds + o.backward_seconds;
@@ -281,7 +283,12 @@ std::string plan_report::explain() const {
   out << (zero1 ? " + optimizer and parameter all-gather " : " + optimizer ")
       << seconds_text(optimizer_seconds) << "\n";
   if (idle_chips > 0)
-    out << "idle: " << idle_reason << "\n";
+    out << "idle: " << idle_reason
+        << (all_chips_step_seconds > 0
+              ? format(" (%.3fx this plan's)",
+                       all_chips_step_seconds / step_seconds)
+              : "")
+        << "\n";
   if (!zero1_reason.empty())
     out << "ZeRO-1: " << zero1_reason << "\n";
   if (candidates > 0)

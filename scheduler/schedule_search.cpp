@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <map>
 #include <optional>
 #include <string>
 
@@ -25,7 +26,6 @@ constexpr int max_climbed = 16;
 /// proven optimal.
 void keep_search(const plan_report& base, plan_report& rebuilt) {
   rebuilt.candidates = base.candidates;
-  rebuilt.measurements = std::max(rebuilt.measurements, base.measurements);
   rebuilt.shape = base.shape;
   rebuilt.idle_chips = base.idle_chips;
   rebuilt.idle_reason = base.idle_reason;
@@ -53,27 +53,41 @@ bool recompute_more(recompute_policy& rc, int blocks, recompute_levels levels) {
 }
 
 /// `q` (chips dealt several chunks, or a chip given a second) with the
-/// recomputation of each chip over its memory raised a step at a time
-/// until `q` fits or nothing more can be recomputed: chunks hold more
-/// micro-batches at once than the 1F1B stages they come from, and the
-/// 1F1B plan's recomputation left no room for that. Returns q's report.
+/// recomputation of each chip over its memory raised a step at a time,
+/// one of its stages per round, until `q` fits or nothing more can be
+/// recomputed: chunks hold more micro-batches at once than the 1F1B stages
+/// they come from, and the 1F1B plan's recomputation left no room for that.
+/// The stage raised is the chip's with the most blocks not yet recomputed
+/// whole (the largest activations). Returns q's report.
 plan_report fit_by_recomputing(planner& p, plan& q, plan_report report,
                                recompute_levels levels,
                                const gpt_config& model) {
   while (!report.fits) {
     bool raised = false;
-    for (std::size_t r = 0; r < q.replicas.size(); ++r)
-      for (std::size_t s = 0; s < q.replicas[r].stages.size(); ++s) {
+    for (std::size_t r = 0; r < q.replicas.size(); ++r) {
+      auto& stages = q.replicas[r].stages;
+      auto blocks = [&](std::size_t s) {
+        return stage_layers::of(model, stages[s].first_layer,
+                                stages[s].end_layer)
+          .blocks;
+      };
+      auto open = [&](std::size_t s) {
+        const auto& rc = stages[s].recompute;
+        return rc.full ? -1 : blocks(s) - std::min(rc.blocks, blocks(s));
+      };
+      std::map<chip_id, std::size_t> chosen;
+      for (std::size_t s = 0; s < stages.size(); ++s) {
         const auto& predicted = report.replicas[r].stages[s];
-        auto& st = q.replicas[r].stages[s];
-        if (predicted.peak_bytes > predicted.capacity_bytes)
-          raised =
-            recompute_more(
-              st.recompute,
-              stage_layers::of(model, st.first_layer, st.end_layer).blocks,
-              levels) ||
-            raised;
+        if (predicted.peak_bytes <= predicted.capacity_bytes)
+          continue;
+        auto [at, fresh] = chosen.try_emplace(stages[s].chip, s);
+        if (!fresh && open(s) > open(at->second))
+          at->second = s;
       }
+      for (const auto& [chip, s] : chosen)
+        raised =
+          recompute_more(stages[s].recompute, blocks(s), levels) || raised;
+    }
     if (!raised)
       break;
     report = p.evaluate(q);
@@ -259,12 +273,13 @@ planned plan_zb_hetero(const job_config& job, chip_measurements& measurements,
     if (stages.size() < 2 || stages.size() > max_climbed)
       continue;
     for (std::size_t k = 0; k < stages.size(); ++k) {
-      if (stages[k].num_layers() < 2)
-        continue;
-      // Chip k's later half of layers becomes the last chunk.
-      const int moved = stages[k].num_layers() / 2;
+      // Chip k's later half of layers becomes the last chunk (of the best
+      // plan so far, whose boundaries may have moved).
       plan q = best.value;
       auto& st = q.replicas[r].stages;
+      if (st[k].num_layers() < 2)
+        continue;
+      const int moved = st[k].num_layers() / 2;
       std::vector<int> counts;
       for (const auto& s : st)
         counts.push_back(s.num_layers());

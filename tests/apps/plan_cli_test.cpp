@@ -5,12 +5,12 @@
 
 #include "h2/core/job.hpp"
 #include "h2/core/plan.hpp"
+#include "h2/scheduler/plan_builder.hpp"
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
 #include <fstream>
-#include <map>
 #include <set>
 #include <sstream>
 #include <utility>
@@ -246,11 +246,14 @@ TEST(apps_plan_cli, zb_hetero_chunks_keep_the_search_report) {
             std::string::npos)
     << r.out;
   EXPECT_NE(r.out.find("  search: 3 layouts, "), std::string::npos) << r.out;
+  // Each chunk shows what it recomputes (its chip's 1F1B stage recomputed
+  // 3 blocks; this chunk holds 1).
+  EXPECT_NE(r.out.find("[65, 66)    1 block "), std::string::npos) << r.out;
 }
 
-// The twin's 1F1B plan packs its chips; dealt into two chunks per chip
-// (a deeper warm-up) they fit only recomputing more, which the planner
-// does chip by chip (it found no interleaved plan before).
+// The twin's 1F1B plan packs its chips; dealt into chunks (a deeper
+// warm-up) they fit only recomputing more, which the planner adds chip by
+// chip (it found no interleaved plan before).
 TEST(apps_plan_cli, interleaved_chunks_recompute_what_they_need) {
   scratch_dir dir;
   const auto job = std::string(H2_SOURCE_DIR) + "/examples/twin-1024.toml";
@@ -258,27 +261,37 @@ TEST(apps_plan_cli, interleaved_chunks_recompute_what_they_need) {
   auto r = run_plan(dir, {job, "--schedule", "interleaved-1f1b", "--json"});
   ASSERT_EQ(base.status.code, 0) << base.err;
   ASSERT_EQ(r.status.code, 0) << r.err;
-  // Per chip, the blocks its stages recompute whole (a whole stage counts
-  // one more than its blocks).
-  auto recomputed = [](const std::string& json) {
-    const plan p = plan_from_json(json, "stdout");
-    std::map<chip_id, int> blocks;
-    for (const auto& rep : p.replicas)
-      for (const auto& s : rep.stages) {
-        const int layers = rep.stages.back().end_layer;
-        const int in = s.num_layers() - (s.first_layer == 0 ? 1 : 0) -
-                       (s.end_layer == layers ? 1 : 0);
-        blocks[s.chip] +=
-          s.recompute.full ? in + 1 : std::min(s.recompute.blocks, in);
-      }
-    return blocks;
+  const plan interleaved = plan_from_json(r.out, "stdout");
+  // What the 1F1B plan dealt into as many chunks recomputes, stage by
+  // stage (twin replicas are too deep for boundaries to move).
+  const auto dealt =
+    scheduler::deal_chunks(plan_from_json(base.out, "stdout"),
+                           scheduler::chunks_per_chip(interleaved));
+  ASSERT_TRUE(dealt.has_value());
+  // Blocks recomputed whole, counted in steps: the attention cores half a
+  // block, a whole stage one more than its blocks.
+  auto steps = [](const stage_plan& s, int layers) {
+    const int in = s.num_layers() - (s.first_layer == 0 ? 1 : 0) -
+                   (s.end_layer == layers ? 1 : 0);
+    const auto& rc = s.recompute;
+    const int whole = std::min(rc.blocks, in);
+    return rc.full ? 2 * in + 2 : 2 * whole + (rc.attention && whole < in);
   };
-  const auto before = recomputed(base.out), after = recomputed(r.out);
-  bool more = false;
-  for (const auto& [chip, n] : after)
-    more = more || n > before.at(chip);
-  EXPECT_TRUE(more) << r.out;
-  EXPECT_NE(r.out.find("\"interleaved-1f1b\""), std::string::npos) << r.out;
+  ASSERT_EQ(interleaved.replicas.size(), dealt->replicas.size());
+  int raised = 0;
+  for (std::size_t k = 0; k < dealt->replicas.size(); ++k) {
+    const auto& got = interleaved.replicas[k].stages;
+    const auto& was = dealt->replicas[k].stages;
+    ASSERT_EQ(got.size(), was.size());
+    const int layers = was.back().end_layer;
+    for (std::size_t s = 0; s < was.size(); ++s) {
+      ASSERT_EQ(got[s].chip, was[s].chip);
+      ASSERT_EQ(got[s].first_layer, was[s].first_layer);
+      EXPECT_GE(steps(got[s], layers), steps(was[s], layers));
+      raised += steps(got[s], layers) > steps(was[s], layers) ? 1 : 0;
+    }
+  }
+  EXPECT_GT(raised, 0) << r.out;
 }
 
 struct bad_plan_case {

@@ -35,9 +35,8 @@ state_tensor host_copy(const devices::device_context& device,
 /// `l`'s chip, `device`, which is bound to the thread; a sharded
 /// parameter keeps only its share of the moments. Throws
 /// checkpoint_error(mismatch) naming the layer and tensor when `s` is for
-/// another layer, lacks a parameter, has a tensor `l` lacks, moments for
-/// only some of the layer's parameters (or one moment of two), or a shape
-/// or dtype differs.
+/// another layer, lacks a parameter, has a tensor `l` lacks, or a shape or
+/// dtype differs.
 void restore_layer(const devices::device_context& device, model::layer& l,
                    const layer_state& s);
 

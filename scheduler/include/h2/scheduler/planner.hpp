@@ -83,7 +83,7 @@ struct stage_prediction {
   std::string device;
   int first_layer = 0;
   int end_layer = 0;
-  recompute_policy recompute;
+  recompute_policy recompute;  ///< what the stage recomputes (capped to it)
   double forward_seconds = 0;  ///< one micro-batch
   double backward_seconds = 0; ///< one micro-batch, recomputation included
   double compute_seconds = 0;  ///< forward + backward time of the step
@@ -129,7 +129,8 @@ struct plan_report {
   std::string shape; ///< the winning stage-1 candidate, in words
   /// Chips given to the planner that the plan leaves idle (plan_auto
   /// only), and why: the best plan that uses every chip is predicted
-  /// slower, or none fits.
+  /// slower, or none fits (explain() adds how that plan's step compares
+  /// with this plan's, all_chips_step_seconds).
   int idle_chips = 0;
   std::string idle_reason;
   /// Whether ZeRO-1 was weighed against the plan without it, and the
