@@ -9,7 +9,10 @@
 #include <ATen/core/grad_mode.h>
 #include <ATen/ops/from_blob.h>
 
+#include <algorithm>
 #include <cstring>
+#include <string>
+#include <vector>
 
 namespace h2::runtime {
 
@@ -103,6 +106,10 @@ void restore_layer(const devices::device_context& device, model::layer& l,
     by_name.erase(i);
     return t;
   };
+  // Parameters saved without moments (none before the first update; one
+  // that never had a gradient has none after it): cleared after the loop,
+  // since make_moments() gives every parameter without moments a slot.
+  std::vector<std::string> without_moments;
   for (auto& p : l.parameters()) {
     const auto* value = take(p.name);
     if (value == nullptr)
@@ -118,9 +125,7 @@ void restore_layer(const devices::device_context& device, model::layer& l,
                              "layer " + std::to_string(l.index()) + ": " +
                                p.name + " has one AdamW moment of two");
     if (m1 == nullptr) {
-      // Before the first update: no moments (the optimizer makes them).
-      p.exp_avg = at::Tensor();
-      p.exp_avg_sq = at::Tensor();
+      without_moments.push_back(p.name);
       continue;
     }
     const bool sharded = p.shard_length >= 0;
@@ -133,6 +138,12 @@ void restore_layer(const devices::device_context& device, model::layer& l,
     throw checkpoint_error(checkpoint_errc::mismatch, "",
                            "layer " + std::to_string(l.index()) +
                              ": unknown tensor " + by_name.begin()->first);
+  for (auto& p : l.parameters())
+    if (std::find(without_moments.begin(), without_moments.end(), p.name) !=
+        without_moments.end()) {
+      p.exp_avg = at::Tensor(); // the optimizer makes them
+      p.exp_avg_sq = at::Tensor();
+    }
 }
 
 } // namespace h2::runtime

@@ -208,6 +208,8 @@ planned plan_interleaved(const job_config& job, chip_measurements& measurements,
   if (!best)
     throw not_interleaved(job, bases);
   best->report.simulations = simulations + p.simulations();
+  for (const auto& base : bases) // each planner measures with its own cache
+    best->report.measurements += base.report.measurements;
   return std::move(*best);
 }
 

@@ -277,7 +277,11 @@ TEST(apps_plan_cli, interleaved_chunks_recompute_what_they_need) {
     const int whole = std::min(rc.blocks, in);
     return rc.full ? 2 * in + 2 : 2 * whole + (rc.attention && whole < in);
   };
-  ASSERT_EQ(interleaved.replicas.size(), dealt->replicas.size());
+  // Dealt from this 1F1B plan, not from one of smaller micro-batches.
+  ASSERT_EQ(interleaved.replicas.size(), dealt->replicas.size()) << r.out;
+  ASSERT_EQ(interleaved.replicas[0].micro_batch_size,
+            dealt->replicas[0].micro_batch_size)
+    << r.out;
   int raised = 0;
   for (std::size_t k = 0; k < dealt->replicas.size(); ++k) {
     const auto& got = interleaved.replicas[k].stages;

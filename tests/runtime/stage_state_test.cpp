@@ -14,6 +14,16 @@
 namespace h2::test {
 namespace {
 
+/// Layer 2 of a small GPT updated once on an emulated chip bound to this
+/// thread, and its snapshot.
+struct saved_layer {
+  std::shared_ptr<job_config> job = three_chips_of(small_model_toml);
+  std::unique_ptr<devices::device_context> chip = chip_of(*job, 0);
+  std::unique_ptr<model::layer> layer = updated_layer(*job, 2, *chip);
+  devices::thread_binding bind{*chip};
+  runtime::layer_state state = runtime::snapshot_layer(*chip, *layer);
+};
+
 TEST(runtime_stage_state, a_restored_layer_has_the_saved_state) {
   auto job = three_chips_of(small_model_toml);
   auto chip = chip_of(*job, 0);
@@ -45,11 +55,8 @@ TEST(runtime_stage_state, a_restored_layer_has_the_saved_state) {
 // layer and parameter. (A parameter saved with neither, beside others with
 // both, is a state the optimizer makes: one that never had a gradient.)
 TEST(runtime_stage_state, one_moment_of_two_is_refused) {
-  auto job = three_chips_of(small_model_toml);
-  auto chip = chip_of(*job, 0);
-  auto saved = updated_layer(*job, 2, *chip);
-  devices::thread_binding bind(*chip);
-  const auto state = runtime::snapshot_layer(*chip, *saved);
+  saved_layer on;
+  auto& [job, chip, saved, bind, state] = on;
   const auto& first = saved->parameters().front().name;
   for (const char* dropped : {".exp_avg", ".exp_avg_sq"}) {
     SCOPED_TRACE(dropped);
@@ -69,6 +76,40 @@ TEST(runtime_stage_state, one_moment_of_two_is_refused) {
                 std::string::npos)
         << what;
     }
+  }
+}
+
+// A parameter saved without moments beside others with them (one that
+// never had a gradient) comes back without moments, wherever it stands in
+// the layer, and the others with theirs.
+TEST(runtime_stage_state, a_parameter_saved_without_moments_has_none) {
+  saved_layer on;
+  auto& [job, chip, saved, bind, state] = on;
+  const auto& params = saved->parameters();
+  for (std::size_t bare : {std::size_t{0}, params.size() - 1}) {
+    SCOPED_TRACE(params[bare].name);
+    auto partial = state;
+    std::erase_if(partial.tensors, [&](const runtime::state_tensor& t) {
+      return t.name == params[bare].name + ".exp_avg" ||
+             t.name == params[bare].name + ".exp_avg_sq";
+    });
+    ASSERT_EQ(partial.tensors.size(), state.tensors.size() - 2);
+    auto target = model::make_layer(job->model, 2, 11, chip->torch_device());
+    runtime::restore_layer(*chip, *target, partial);
+    for (std::size_t i = 0; i < params.size(); ++i) {
+      const auto& got = target->parameters()[i];
+      EXPECT_TRUE(at::equal(got.value, params[i].value)) << got.name;
+      if (i == bare) {
+        EXPECT_FALSE(got.exp_avg.defined()) << got.name;
+        EXPECT_FALSE(got.exp_avg_sq.defined()) << got.name;
+      } else {
+        EXPECT_TRUE(at::equal(got.exp_avg, params[i].exp_avg)) << got.name;
+        EXPECT_TRUE(at::equal(got.exp_avg_sq, params[i].exp_avg_sq))
+          << got.name;
+      }
+    }
+    // What comes back is what was saved.
+    EXPECT_EQ(runtime::snapshot_layer(*chip, *target), partial);
   }
 }
 
