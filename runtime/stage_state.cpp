@@ -9,9 +9,7 @@
 #include <ATen/core/grad_mode.h>
 #include <ATen/ops/from_blob.h>
 
-#include <algorithm>
 #include <cstring>
-#include <string>
 #include <vector>
 
 namespace h2::runtime {
@@ -106,10 +104,10 @@ void restore_layer(const devices::device_context& device, model::layer& l,
     by_name.erase(i);
     return t;
   };
-  // Parameters saved without moments (none before the first update; one
+  // Per parameter, saved without moments (none before the first update; one
   // that never had a gradient has none after it): cleared after the loop,
   // since make_moments() gives every parameter without moments a slot.
-  std::vector<std::string> without_moments;
+  std::vector<bool> bare;
   for (auto& p : l.parameters()) {
     const auto* value = take(p.name);
     if (value == nullptr)
@@ -124,10 +122,9 @@ void restore_layer(const devices::device_context& device, model::layer& l,
       throw checkpoint_error(checkpoint_errc::mismatch, "",
                              "layer " + std::to_string(l.index()) + ": " +
                                p.name + " has one AdamW moment of two");
-    if (m1 == nullptr) {
-      without_moments.push_back(p.name);
+    bare.push_back(m1 == nullptr);
+    if (m1 == nullptr)
       continue;
-    }
     const bool sharded = p.shard_length >= 0;
     model::make_moments(l); // where there are none yet
     const auto* share = sharded ? &p : nullptr;
@@ -138,9 +135,9 @@ void restore_layer(const devices::device_context& device, model::layer& l,
     throw checkpoint_error(checkpoint_errc::mismatch, "",
                            "layer " + std::to_string(l.index()) +
                              ": unknown tensor " + by_name.begin()->first);
-  for (auto& p : l.parameters())
-    if (std::find(without_moments.begin(), without_moments.end(), p.name) !=
-        without_moments.end()) {
+  for (std::size_t i = 0; i < bare.size(); ++i)
+    if (bare[i]) {
+      auto& p = l.parameters()[i];
       p.exp_avg = at::Tensor(); // the optimizer makes them
       p.exp_avg_sq = at::Tensor();
     }
